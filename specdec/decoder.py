@@ -1,0 +1,279 @@
+"""The speculative decoding loop and the plain target-only baseline it is measured against.
+
+One round: the drafter proposes gamma tokens with their q rows; the target scores the last committed token plus
+all gamma guesses in one forward pass (gamma+1 rows of p); `verify` keeps a prefix and emits one repaired or bonus
+token; both KV caches are cropped back to the committed text. Each round becomes a `Round` event.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import torch
+
+from .drafters import DraftModelDrafter, Drafter
+from .errors import InvalidInputError
+from .events import Round, TokenProb, Totals
+from .kvcache import CachedLM
+from .models import ModelPair
+from .sampling import SamplingConfig, sample, warp
+from .verify import verify
+
+MAX_GAMMA = 16
+MAX_NEW_TOKENS = 4096
+MAX_PROMPT_TOKENS = 8192
+TOP_DISPLAY = 8  # how many candidates per position a Round carries for display
+GAMMA_POLICIES = ("fixed", "heuristic", "confidence")
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    gamma: int = 4
+    max_new_tokens: int = 64
+    sampling: SamplingConfig = SamplingConfig()
+    seed: int = 0
+    chat: bool = False
+    gamma_policy: str = "fixed"  # "heuristic": +2 after a fully accepted round, -1 otherwise
+    confidence_threshold: float = 0.4  # used by gamma_policy="confidence"
+
+    def validate(self) -> "DecodeSettings":
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_GAMMA:
+            raise InvalidInputError(f"gamma (draft length) must be a whole number from 1 to {MAX_GAMMA}, got {self.gamma!r}")
+        m = self.max_new_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_NEW_TOKENS:
+            raise InvalidInputError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {m!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise InvalidInputError(f"seed must be a whole number from 0 to 2**63-1, got {self.seed!r}")
+        if self.gamma_policy not in GAMMA_POLICIES:
+            raise InvalidInputError(f"gamma policy must be one of {', '.join(GAMMA_POLICIES)}, got {self.gamma_policy!r}")
+        if not 0 <= self.confidence_threshold < 1:
+            raise InvalidInputError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold!r}")
+        self.sampling.validate()
+        return self
+
+
+def encode_prompt(tokenizer, prompt, chat: bool = False) -> list[int]:
+    """Token ids for a plain-text prompt, or for chat messages (a list of {role, content}) via the chat template."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InvalidInputError("the prompt is empty; type some text to continue")
+        if not chat:
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        else:
+            prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, str):
+        if not isinstance(prompt, list) or not prompt or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in prompt
+        ):
+            raise InvalidInputError("chat prompts must be a non-empty list of {'role': ..., 'content': ...} messages")
+        if not any(m["content"].strip() for m in prompt):
+            raise InvalidInputError("the prompt is empty; type some text to continue")
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidInputError("this model's tokenizer has no chat template; turn chat mode off")
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise InvalidInputError("the prompt produced no tokens")
+    if len(ids) > MAX_PROMPT_TOKENS:
+        raise InvalidInputError(f"the prompt is {len(ids)} tokens long; the limit is {MAX_PROMPT_TOKENS}")
+    return ids
+
+
+def make_generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _top(probs: torch.Tensor, tokenizer, k: int = TOP_DISPLAY) -> list[list[TokenProb]]:
+    """Top-k (id, piece, prob) per row of probs [n, V], with one topk call and one batch decode."""
+    vals, idx = torch.topk(probs.float(), min(k, probs.shape[-1]), dim=-1)
+    ids, ps = idx.tolist(), vals.tolist()
+    pieces = tokenizer.batch_decode([[i] for row in ids for i in row])
+    out, j = [], 0
+    for row_ids, row_ps in zip(ids, ps):
+        out.append([TokenProb(i, pieces[j + n], p) for n, (i, p) in enumerate(zip(row_ids, row_ps)) if p > 0])
+        j += len(row_ids)
+    return out
+
+
+class SpeculativeDecoder:
+    """Stateful decoder: `step()` runs exactly one round; iterating runs rounds until EOS or max_new_tokens."""
+
+    def __init__(self, pair: ModelPair, prompt, settings: DecodeSettings = DecodeSettings(), drafter: Drafter | None = None):
+        self.settings = settings.validate()
+        self.pair = pair
+        self.tok = pair.tokenizer
+        self.prompt_ids = encode_prompt(self.tok, prompt, settings.chat)
+        self.ids = list(self.prompt_ids)
+        self.gen = make_generator(pair.device, settings.seed)
+        threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
+        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold)
+        self.target = CachedLM(pair.target, pair.vocab_size)
+        self.gamma = settings.gamma
+        self.totals = Totals()
+        self.rounds: list[Round] = []
+        self.stop_reason: str | None = None
+        self._t_start: float | None = None
+        self._prefilled = False
+
+    # -- state -----------------------------------------------------------------------------------------------
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.ids[len(self.prompt_ids) :]
+
+    @property
+    def text(self) -> str:
+        return self.tok.decode(self.generated_ids, skip_special_tokens=True)
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def prefill(self) -> None:
+        """Run both models over the prompt once; afterwards only new tokens are ever fed."""
+        if not self._prefilled:
+            self.target.prefill(self.ids)
+            if hasattr(self.drafter, "prefill"):
+                self.drafter.prefill(self.ids)
+            self._prefilled = True
+
+    def __iter__(self) -> Iterator[Round]:
+        while not self.done:
+            yield self.step()
+
+    # -- one round -------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> Round:
+        if self.done:
+            raise InvalidInputError("generation has finished; start a new run")
+        self.prefill()
+        s, dev, cfg = self.settings, self.pair.device, self.settings.sampling
+        remaining = s.max_new_tokens - len(self.generated_ids)
+        # Drafting past the token budget is wasted work: at most remaining-1 guesses plus the repair/bonus.
+        gamma = max(1, min(self.gamma, remaining - 1)) if remaining > 1 else 1
+        _sync(dev)
+        t0 = time.perf_counter()
+        if self._t_start is None:
+            self._t_start = t0
+        draft = self.drafter.propose(self.ids, gamma, cfg, self.gen)
+        _sync(dev)
+        t1 = time.perf_counter()
+        g = int(draft.tokens.shape[0])
+        p = warp(self.target.logits_after(self.ids, draft.tokens.tolist(), g + 1), cfg)
+        verdict = verify(draft.tokens, draft.probs, p, self.gen)
+        _sync(dev)
+        t2 = time.perf_counter()
+
+        committed = verdict.tokens[:remaining]
+        for n, t in enumerate(committed):
+            if t in self.pair.eos_token_ids:
+                committed = committed[: n + 1]
+                self.stop_reason = "eos"
+                break
+        self.ids.extend(committed)
+        if self.stop_reason is None and len(self.generated_ids) >= s.max_new_tokens:
+            self.stop_reason = "max_new_tokens"
+        self.target.sync(self.ids)
+        self.drafter.feedback(self.ids, verdict.n_accepted, g)
+        self._adapt_gamma(verdict.n_accepted, g)
+
+        tt = self.totals
+        tt.rounds += 1
+        tt.generated = len(self.generated_ids)
+        tt.drafted += g
+        tt.accepted += verdict.n_accepted
+        tt.target_passes += 1
+        tt.draft_ms += (t1 - t0) * 1e3
+        tt.verify_ms += (t2 - t1) * 1e3
+        tt.elapsed_ms = (t2 - self._t_start) * 1e3
+        rnd = self._event(draft, p, verdict, committed, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        self.rounds.append(rnd)
+        return rnd
+
+    def _adapt_gamma(self, n_accepted: int, drafted: int) -> None:
+        if self.settings.gamma_policy == "heuristic":
+            self.gamma = min(MAX_GAMMA, self.gamma + 2) if n_accepted == drafted else max(1, self.gamma - 1)
+
+    def _event(self, draft, p, verdict, committed, draft_ms, verify_ms) -> Round:
+        tok = self.tok
+        g = int(draft.tokens.shape[0])
+        ids = draft.tokens.tolist()
+        idx = draft.tokens.unsqueeze(-1)
+        emitted = verdict.tokens[-1]
+        residual = _top(verdict.residual[None], tok)[0] if verdict.residual is not None else None
+        return Round(
+            index=self.totals.rounds - 1,
+            position=len(self.generated_ids) - len(committed),
+            gamma=g,
+            draft_ids=ids,
+            draft_pieces=tok.batch_decode([[i] for i in ids]),
+            q_draft=draft.probs.gather(-1, idx).squeeze(-1).tolist(),
+            p_draft=p[:g].gather(-1, idx).squeeze(-1).tolist(),
+            accept_probs=verdict.accept_probs.tolist(),
+            uniforms=verdict.uniforms.tolist(),
+            n_accepted=verdict.n_accepted,
+            rejected_at=verdict.rejected_at,
+            emitted_id=emitted,
+            emitted_piece=tok.decode([emitted]),
+            is_bonus=verdict.bonus,
+            emitted_p=float(p[verdict.n_accepted, emitted]),
+            q_top=_top(draft.probs, tok),
+            p_top=_top(p, tok),
+            residual_top=residual,
+            committed_ids=list(committed),
+            committed_pieces=tok.batch_decode([[i] for i in committed]),
+            draft_ms=draft_ms,
+            verify_ms=verify_ms,
+            totals=replace(self.totals),
+            stop_reason=self.stop_reason,
+        )
+
+
+# ------------------------------------------------------------------------------------------------- baseline
+
+
+@dataclass
+class BaselineResult:
+    ids: list[int]
+    text: str
+    token_ms: list[float]  # wall time of each decoding step (prefill excluded)
+
+    @property
+    def tok_s(self) -> float:
+        total = sum(self.token_ms)
+        return 1e3 * len(self.token_ms) / total if total else 0.0
+
+    @property
+    def ms_per_token(self) -> float:
+        return sum(self.token_ms) / len(self.token_ms) if self.token_ms else 0.0
+
+
+@torch.inference_mode()
+def plain_decode(pair: ModelPair, prompt, settings: DecodeSettings = DecodeSettings(), model: str = "target") -> BaselineResult:
+    """Target-only (or draft-only) decoding with the same warps, caching and seed handling, timed per token."""
+    s = settings.validate()
+    prompt_ids = encode_prompt(pair.tokenizer, prompt, s.chat)
+    lm = CachedLM(pair.target if model == "target" else pair.draft, pair.vocab_size)
+    gen = make_generator(pair.device, s.seed)
+    ids = list(prompt_ids)
+    lm.prefill(ids)
+    times = []
+    for _ in range(s.max_new_tokens):
+        _sync(pair.device)
+        t0 = time.perf_counter()
+        tok = int(sample(warp(lm.logits_after(ids)[-1], s.sampling), gen))
+        _sync(pair.device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        ids.append(tok)
+        if tok in pair.eos_token_ids:
+            break
+    out = ids[len(prompt_ids) :]
+    return BaselineResult(out, pair.tokenizer.decode(out, skip_special_tokens=True), times)

@@ -1,0 +1,63 @@
+"""Drafters: anything that proposes gamma tokens together with the exact distributions q it sampled them from.
+
+The decoder only needs `propose`; `feedback` lets a drafter adapt (draft length, statistics) after each round.
+New draft paths (n-gram lookup, self-speculation, ...) plug in behind the same two methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .kvcache import CachedLM
+from .sampling import SamplingConfig, sample, warp
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # LongTensor [g]
+    probs: torch.Tensor  # [g, V] the warped q each token was sampled from
+
+
+class Drafter(Protocol):
+    def propose(self, committed: list[int], gamma: int, cfg: SamplingConfig, gen: torch.Generator | None) -> Draft:
+        """Propose up to gamma tokens that would follow `committed`."""
+
+    def feedback(self, committed: list[int], n_accepted: int, n_drafted: int) -> None:
+        """Told after verification how many of the proposed tokens were kept."""
+
+
+class DraftModelDrafter:
+    """A smaller causal LM with its own KV cache, sampling token by token from the warped q.
+
+    `confidence_threshold` stops drafting early once the draft's top probability drops below it (the first
+    token is always drafted); the tokens it did draft still come with their exact q rows.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, confidence_threshold: float = 0.0):
+        self.lm = CachedLM(model, vocab_size)
+        self.confidence_threshold = confidence_threshold
+
+    def prefill(self, committed: list[int]) -> None:
+        self.lm.prefill(committed)
+
+    def propose(self, committed, gamma, cfg, gen) -> Draft:
+        # The first step feeds every committed token the cache lacks (after a bonus that is two tokens), so
+        # the draft catches up without an extra forward pass.
+        logits = self.lm.logits_after(committed)[-1]
+        tokens, rows = [], []
+        for i in range(gamma):
+            if i > 0:
+                # Feed the previous guess only when another one is wanted: the last draft token is never fed.
+                logits = self.lm.feed([int(tokens[-1])])[-1]
+                if self.confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < self.confidence_threshold:
+                    break
+            q = warp(logits, cfg)
+            tokens.append(sample(q, gen))
+            rows.append(q)
+        return Draft(torch.stack(tokens), torch.stack(rows))
+
+    def feedback(self, committed, n_accepted, n_drafted) -> None:
+        self.lm.sync(committed)

@@ -1,0 +1,76 @@
+"""Plain dataclasses that carry one round of speculative decoding from the engine to whoever renders it.
+
+Everything here is JSON-ready (ints, floats, strings, lists), so rounds stream to the UI, export to traces and
+replay without any model loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class TokenProb:
+    id: int
+    piece: str
+    prob: float
+
+
+@dataclass
+class Totals:
+    """Running totals after this round."""
+
+    rounds: int = 0
+    generated: int = 0  # tokens committed so far
+    drafted: int = 0
+    accepted: int = 0
+    target_passes: int = 0  # forward passes of the target, prefill excluded
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    elapsed_ms: float = 0.0  # wall time since the first round started, prefill excluded
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class Round:
+    index: int  # 0-based round number
+    position: int  # tokens generated before this round
+    gamma: int  # draft tokens proposed this round
+    draft_ids: list[int]
+    draft_pieces: list[str]
+    q_draft: list[float]  # q(x_i) of each draft token
+    p_draft: list[float]  # p(x_i) of each draft token
+    accept_probs: list[float]  # min(1, p/q) per draft token
+    uniforms: list[float]  # u per draft token; kept iff u < accept prob (only the prefix up to a rejection counts)
+    n_accepted: int
+    rejected_at: int | None
+    emitted_id: int  # the repaired token (after a rejection) or the bonus token (all kept)
+    emitted_piece: str
+    is_bonus: bool
+    emitted_p: float  # p of the emitted token at its position
+    q_top: list[list[TokenProb]]  # per draft position, top-k of q
+    p_top: list[list[TokenProb]]  # per position 0..gamma, top-k of p
+    residual_top: list[TokenProb] | None  # top-k of normalize(max(0, p-q)) at the rejected position
+    committed_ids: list[int]  # what this round added to the text (may be cut short by EOS / max_new_tokens)
+    committed_pieces: list[str]
+    draft_ms: float
+    verify_ms: float
+    totals: Totals = field(default_factory=Totals)
+    stop_reason: str | None = None  # "eos" or "max_new_tokens" on the final round
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Round":
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in d.items() if k in known}
+        tp = lambda rows: [TokenProb(**t) for t in rows]  # noqa: E731
+        data["q_top"] = [tp(r) for r in d["q_top"]]
+        data["p_top"] = [tp(r) for r in d["p_top"]]
+        data["residual_top"] = tp(d["residual_top"]) if d.get("residual_top") is not None else None
+        data["totals"] = Totals(**d.get("totals", {}))
+        return cls(**data)

@@ -1,0 +1,62 @@
+"""A causal LM plus its KV cache, kept in step with the token ids the cache holds.
+
+Both the target and the draft model go through this: it feeds only the tokens the cache has not seen, and
+rolls the cache back (DynamicCache.crop) to the longest prefix that is still part of the committed text.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class CachedLM:
+    def __init__(self, model: torch.nn.Module, vocab_size: int):
+        self.model = model
+        self.vocab_size = vocab_size
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+        self.ids: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self.passes = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def crop(self, n: int) -> None:
+        if n < len(self.ids):
+            self.cache.crop(n - len(self.ids))  # transformers 5: a negative count of tokens to drop
+            del self.ids[n:]
+
+    def sync(self, committed: list[int]) -> None:
+        """Drop cached tokens that are not a prefix of `committed`; keep at least one token unfed.
+
+        The last committed token is always left out so the next forward has an input whose logits predict the
+        next position.
+        """
+        limit = min(len(self.ids), len(committed) - 1)
+        n = 0
+        while n < limit and self.ids[n] == committed[n]:
+            n += 1
+        self.crop(n)
+
+    @torch.inference_mode()
+    def feed(self, ids: list[int], n_logits: int = 1) -> torch.Tensor:
+        """Append ids to the cache; return logits [n_logits, V] for the last n_logits fed positions."""
+        inp = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=inp, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
+        self.ids.extend(ids)
+        self.passes += 1
+        return out.logits[0, -n_logits:, : self.vocab_size]
+
+    def prefill(self, committed: list[int]) -> None:
+        """Cache everything but the last committed token (the first round feeds that one)."""
+        self.sync(committed)
+        todo = committed[len(self.ids) : len(committed) - 1]
+        if todo:
+            self.feed(todo, 1)
+            self.passes -= 1  # prefill is not a decoding pass
+
+    def logits_after(self, committed: list[int], extra: list[int] = (), n_logits: int = 1) -> torch.Tensor:
+        """Sync to committed, then feed the unseen committed tail plus `extra` in one forward pass."""
+        self.sync(committed)
+        return self.feed(committed[len(self.ids) :] + list(extra), n_logits)

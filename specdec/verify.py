@@ -1,0 +1,107 @@
+"""The speculative sampling rule (Leviathan et al. 2022; Chen et al. 2023). Pure tensor math, no models, no I/O.
+
+For each draft token x_i, left to right, keep it with probability min(1, p_i(x_i) / q_i(x_i)). At the first
+rejection, emit a token drawn from normalize(max(0, p_i - q_i)); if all gamma pass, emit a bonus token from p_gamma.
+Since min(p, q) + (1 - sum min(p, q)) * normalize(max(0, p - q)) = p, every emitted token is distributed exactly as
+the target would have sampled it.
+
+`verify_batch` is the only implementation of the rule in the project; `verify` is its single-round view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample
+
+
+@dataclass
+class Verdict:
+    tokens: list[int]  # emitted this round: the accepted prefix plus exactly one repaired or bonus token
+    n_accepted: int
+    rejected_at: int | None  # index of the first rejected draft token, None when all were kept
+    accept_probs: torch.Tensor  # [gamma] min(1, p/q) at each drafted token
+    uniforms: torch.Tensor  # [gamma] the u drawn at each position; position i is kept iff u_i < accept_probs_i
+    residual: torch.Tensor | None  # [V] normalize(max(0, p - q)) at the rejected position, None for a bonus
+    final_dist: torch.Tensor  # [V] the distribution the last emitted token was drawn from (residual or p)
+
+    @property
+    def bonus(self) -> bool:
+        return self.rejected_at is None
+
+
+@dataclass
+class BatchVerdict:
+    n_accepted: torch.Tensor  # [B]
+    next_token: torch.Tensor  # [B] the repaired or bonus token
+    accept_probs: torch.Tensor  # [B, gamma]
+    uniforms: torch.Tensor  # [B, gamma]
+    final_dist: torch.Tensor  # [B, V]
+
+
+def acceptance_probs(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x)/q(x)) for each draft token; shapes [..., g], [..., g, V], [..., >=g, V] -> [..., g]."""
+    g = draft_tokens.shape[-1]
+    idx = draft_tokens.unsqueeze(-1)
+    q_x = draft_probs.gather(-1, idx).squeeze(-1)
+    p_x = target_probs[..., :g, :].gather(-1, idx).squeeze(-1)
+    # q(x) = 0 cannot happen for a token the draft sampled; treat it as "p decides alone" rather than dividing by 0.
+    return torch.where(q_x > 0, (p_x / q_x.clamp_min(1e-38)).clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalize(max(0, p - q)) over the last dim.
+
+    When p == q (up to rounding) the residual has no mass; a rejection then has probability ~0, and falling back
+    to p keeps the output distribution p.
+    """
+    r = (p - q).clamp_min(0.0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 1e-12, r / mass.clamp_min(1e-38), p)
+
+
+def verify_batch(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> BatchVerdict:
+    """Run the rule on B independent rounds at once: shapes [B, g], [B, g, V], [B, g+1, V]."""
+    b, g = draft_tokens.shape
+    a = acceptance_probs(draft_tokens, draft_probs, target_probs)
+    u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
+    kept = u < a
+    n_acc = kept.long().cumprod(-1).sum(-1)  # length of the leading run of kept tokens
+    # A zero q row after the last draft makes the bonus a special case of the repair: residual(p, 0) = p.
+    q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
+    rows = torch.arange(b, device=draft_tokens.device)
+    final = residual_distribution(target_probs[rows, n_acc], q_pad[rows, n_acc])
+    return BatchVerdict(n_acc, sample(final, generator), a, u, final)
+
+
+def verify(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """One round: draft_tokens [g], draft_probs [g, V] (q, post-warp), target_probs [g+1, V] (p, same warp)."""
+    g = draft_tokens.shape[0]
+    if draft_probs.shape[0] != g or target_probs.shape[0] != g + 1 or draft_probs.shape[-1] != target_probs.shape[-1]:
+        raise ValueError(
+            f"verify expects draft_probs [g, V] and target_probs [g+1, V] for g={g} draft tokens, got "
+            f"{tuple(draft_probs.shape)} and {tuple(target_probs.shape)}"
+        )
+    bv = verify_batch(draft_tokens[None], draft_probs[None], target_probs[None], generator)
+    n = int(bv.n_accepted[0])
+    return Verdict(
+        tokens=draft_tokens[:n].tolist() + [int(bv.next_token[0])],
+        n_accepted=n,
+        rejected_at=n if n < g else None,
+        accept_probs=bv.accept_probs[0],
+        uniforms=bv.uniforms[0],
+        residual=bv.final_dist[0] if n < g else None,
+        final_dist=bv.final_dist[0],
+    )
