@@ -193,8 +193,10 @@ class SpeculativeDecoder:
         tt.target_passes += 1
         tt.draft_ms += (t1 - t0) * 1e3
         tt.verify_ms += (t2 - t1) * 1e3
-        tt.elapsed_ms = (t2 - self._t_start) * 1e3
         rnd = self._event(draft, p, verdict, committed, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        t3 = time.perf_counter()
+        rnd.round_ms = (t3 - t0) * 1e3
+        tt.elapsed_ms = rnd.totals.elapsed_ms = (t3 - self._t_start) * 1e3
         self.rounds.append(rnd)
         return rnd
 
@@ -277,3 +279,28 @@ def plain_decode(pair: ModelPair, prompt, settings: DecodeSettings = DecodeSetti
             break
     out = ids[len(prompt_ids) :]
     return BaselineResult(out, pair.tokenizer.decode(out, skip_special_tokens=True), times)
+
+
+@dataclass
+class StepCosts:
+    """Median per-token cost of plain decoding with each model on this machine."""
+
+    target_ms: float
+    draft_ms: float
+
+    @property
+    def c(self) -> float:
+        return self.draft_ms / self.target_ms if self.target_ms else 0.0
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else 0.0
+
+
+def measure_step_costs(pair: ModelPair, n_tokens: int = 8, prompt: str = "The quick brown fox") -> StepCosts:
+    """Time plain greedy decoding of n_tokens with the target and with the draft (first step dropped as warm-up)."""
+    s = DecodeSettings(max_new_tokens=n_tokens + 1)
+    t = plain_decode(pair, prompt, s, model="target").token_ms[1:]
+    d = plain_decode(pair, prompt, s, model="draft").token_ms[1:]
+    return StepCosts(_median(t), _median(d))

@@ -58,6 +58,7 @@ class Round:
     committed_pieces: list[str]
     draft_ms: float
     verify_ms: float
+    round_ms: float = 0.0  # whole round wall time: draft + verify + bookkeeping and building this event
     totals: Totals = field(default_factory=Totals)
     stop_reason: str | None = None  # "eos" or "max_new_tokens" on the final round
 
