@@ -11,6 +11,7 @@ the target would have sampled it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -67,8 +68,13 @@ def verify_batch(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
+    repair: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_distribution,
 ) -> BatchVerdict:
-    """Run the rule on B independent rounds at once: shapes [B, g], [B, g, V], [B, g+1, V]."""
+    """Run the rule on B independent rounds at once: shapes [B, g], [B, g, V], [B, g+1, V].
+
+    `repair` exists so teaching tools and tests can swap in a *wrong* repair and watch exactness fail; the
+    engine always uses the residual.
+    """
     b, g = draft_tokens.shape
     a = acceptance_probs(draft_tokens, draft_probs, target_probs)
     u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
@@ -77,7 +83,7 @@ def verify_batch(
     # A zero q row after the last draft makes the bonus a special case of the repair: residual(p, 0) = p.
     q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
     rows = torch.arange(b, device=draft_tokens.device)
-    final = residual_distribution(target_probs[rows, n_acc], q_pad[rows, n_acc])
+    final = repair(target_probs[rows, n_acc], q_pad[rows, n_acc])
     return BatchVerdict(n_acc, sample(final, generator), a, u, final)
 
 

@@ -1,0 +1,95 @@
+"""Shared fixtures: the tiny random-weight pair, the real default pair, and the app running in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = os.environ.get("SPECDEC_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update"]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+@pytest.fixture(scope="session")
+def tiny_pair():
+    from specdec.models import load_pair
+
+    return load_pair("tiny", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def real_pair_fp32():
+    from specdec.models import load_pair
+
+    return load_pair("default", dtype="float32", device="cpu")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(env_extra: dict, log_path: Path, timeout: float = 180.0):
+    """Start `python app.py` on a free port; return (process, url) once the page answers."""
+    port = free_port()
+    env = dict(os.environ, GRADIO_SERVER_PORT=str(port), **env_extra)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"app.py did not answer within {timeout}s:\n{log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """The app on the tiny test pair, shared by all browser and API tests of a session."""
+    proc, url = start_app({"SPECDEC_PAIR": "tiny"}, ARTIFACTS / "app-tiny.log")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    pw_mod = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
+    with pw_mod.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    yield pg
+    ctx.close()
