@@ -69,15 +69,17 @@ def verify_batch(
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
     repair: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_distribution,
+    uniforms: torch.Tensor | None = None,
 ) -> BatchVerdict:
     """Run the rule on B independent rounds at once: shapes [B, g], [B, g, V], [B, g+1, V].
 
     `repair` exists so teaching tools and tests can swap in a *wrong* repair and watch exactness fail; the
-    engine always uses the residual.
+    engine always uses the residual. `uniforms` ([B, g]) replays given draws instead of fresh ones, e.g. to
+    re-run a recorded round or to force an accept (u = 0) or a reject (u = 1).
     """
     b, g = draft_tokens.shape
     a = acceptance_probs(draft_tokens, draft_probs, target_probs)
-    u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
+    u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype) if uniforms is None else uniforms.to(a)
     kept = u < a
     n_acc = kept.long().cumprod(-1).sum(-1)  # length of the leading run of kept tokens
     # A zero q row after the last draft makes the bonus a special case of the repair: residual(p, 0) = p.
@@ -92,6 +94,7 @@ def verify(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> Verdict:
     """One round: draft_tokens [g], draft_probs [g, V] (q, post-warp), target_probs [g+1, V] (p, same warp)."""
     g = draft_tokens.shape[0]
@@ -100,7 +103,8 @@ def verify(
             f"verify expects draft_probs [g, V] and target_probs [g+1, V] for g={g} draft tokens, got "
             f"{tuple(draft_probs.shape)} and {tuple(target_probs.shape)}"
         )
-    bv = verify_batch(draft_tokens[None], draft_probs[None], target_probs[None], generator)
+    u = None if uniforms is None else uniforms[None]
+    bv = verify_batch(draft_tokens[None], draft_probs[None], target_probs[None], generator, uniforms=u)
     n = int(bv.n_accepted[0])
     return Verdict(
         tokens=draft_tokens[:n].tolist() + [int(bv.next_token[0])],

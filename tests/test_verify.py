@@ -1,0 +1,175 @@
+"""Exactness of the acceptance rule: closed form, Monte Carlo with warps, and power against broken verifiers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec.sampling import SamplingConfig, sample, warp
+from specdec.verify import residual_distribution, verify, verify_batch
+
+V = 8
+
+
+def _rand_dist(gen, v=V):
+    return torch.softmax(torch.randn(v, generator=gen) * 2, -1)
+
+
+def _cases():
+    g = torch.Generator().manual_seed(7)
+    onehot = lambda i: torch.nn.functional.one_hot(torch.tensor(i), V).float()  # noqa: E731
+    p_disj = torch.tensor([0.5, 0.3, 0.2, 0, 0, 0, 0, 0.0])
+    q_disj = torch.tensor([0, 0, 0, 0.1, 0.4, 0.5, 0, 0.0])
+    same = _rand_dist(g)
+    return {
+        "random": (_rand_dist(g), _rand_dist(g)),
+        "random-sparse": (warp(torch.randn(V, generator=g), SamplingConfig(1.0, top_k=4)), _rand_dist(g)),
+        "one-hot-agree": (onehot(3), onehot(3)),
+        "one-hot-disagree": (onehot(3), onehot(5)),
+        "identical": (same, same.clone()),
+        "disjoint": (p_disj, q_disj),
+    }
+
+
+def exact_first_token_dist(p0: torch.Tensor, q0: torch.Tensor, gamma: int, gen) -> torch.Tensor:
+    """P(first emitted token = x), assembled from verify's own outputs with the uniform forced.
+
+    For each possible draft token d: verify with u=0 tells whether d can be kept and with which accept prob a_d;
+    verify with u=1 forces a rejection at position 0 and reports the distribution the repair is drawn from.
+    P(x) = sum_d q(d) [a_d 1{x=d} + (1 - a_d) repair_d(x)].
+    """
+    rest_q = torch.stack([_rand_dist(gen) for _ in range(gamma - 1)]) if gamma > 1 else torch.zeros(0, V)
+    rest_p = torch.stack([_rand_dist(gen) for _ in range(gamma)])
+    q = torch.cat([q0[None], rest_q])
+    p = torch.cat([p0[None], rest_p])
+    out = torch.zeros(V, dtype=torch.float64)
+    for d in range(V):
+        if q0[d] == 0:
+            continue
+        tokens = torch.tensor([d] + [0] * (gamma - 1))
+        q_d = q.clone()
+        q_d[1:, 0] = torch.clamp(q_d[1:, 0], min=1e-3)  # later positions never matter for the first token
+        keep = verify(tokens, q_d, p, uniforms=torch.zeros(gamma))
+        a_d = float(keep.accept_probs[0])
+        if a_d > 0:
+            assert keep.tokens[0] == d
+        reject = verify(tokens, q_d, p, uniforms=torch.ones(gamma))
+        assert reject.rejected_at == 0
+        out += float(q0[d]) * (a_d * torch.nn.functional.one_hot(torch.tensor(d), V).double()
+                               + (1 - a_d) * reject.residual.double())
+    return out
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("case", list(_cases()))
+def test_first_token_distribution_is_exactly_p(case, gamma):
+    p0, q0 = _cases()[case]
+    dist = exact_first_token_dist(p0, q0, gamma, torch.Generator().manual_seed(gamma))
+    assert torch.allclose(dist, p0.double(), atol=1e-6), (dist, p0)
+
+
+def test_greedy_is_the_one_hot_case():
+    logits_p = torch.tensor([[0.1, 2.0, 0.3], [1.0, 0.0, 0.5], [0.0, 0.0, 3.0]])
+    logits_q = torch.tensor([[0.1, 2.5, 0.3], [0.0, 0.9, 0.5]])
+    cfg = SamplingConfig(temperature=0)
+    p, q = warp(logits_p, cfg), warp(logits_q, cfg)
+    tokens = q.argmax(-1)  # draft guesses 1, 1; target wants 1, 0
+    v = verify(tokens, q, p, torch.Generator().manual_seed(0))
+    assert v.tokens == [1, 0] and v.n_accepted == 1 and v.rejected_at == 1
+    v = verify(torch.tensor([1, 0]), warp(torch.tensor([[0, 1.0, 0], [1.0, 0, 0]]), cfg), p)
+    assert v.tokens == [1, 0, 2] and v.rejected_at is None
+
+
+def test_residual_handles_equal_distributions():
+    p = torch.tensor([0.25, 0.75])
+    assert torch.equal(residual_distribution(p, p.clone()), p)
+
+
+# ------------------------------------------------------------------------------------------------ Monte Carlo
+
+WARPS = {
+    "t1": SamplingConfig(temperature=1.0),
+    "t0.7-k5": SamplingConfig(temperature=0.7, top_k=5),
+    "t1.3-p0.8": SamplingConfig(temperature=1.3, top_p=0.8),
+    "t0.9-k6-p0.9": SamplingConfig(temperature=0.9, top_k=6, top_p=0.9),
+}
+N = 100_000
+GAMMA = 3
+
+
+def _bigram(seed):
+    """Target and draft bigram logit tables: row = previous token. The draft is a noisy copy of the target."""
+    g = torch.Generator().manual_seed(seed)
+    tgt = torch.randn(V, V, generator=g) * 1.5
+    drf = tgt + torch.randn(V, V, generator=g) * 1.0
+    return tgt, drf
+
+
+def run_rounds(cfg, seed=0, q_for_verify="warped", repair=residual_distribution):
+    """N independent rounds from context token 0 on a bigram pair; returns (first, second, n_acc, P table)."""
+    tgt_logits, drf_logits = _bigram(seed)
+    P, Q = warp(tgt_logits, cfg), warp(drf_logits, cfg)
+    Q_claimed = Q if q_for_verify == "warped" else torch.softmax(drf_logits, -1)  # the #47932 bug: pre-warp q
+    gen = torch.Generator().manual_seed(seed + 1)
+    prev = torch.zeros(N, dtype=torch.long)
+    ctx, drafts, qrows = [prev], [], []
+    for _ in range(GAMMA):
+        q = Q[prev]
+        prev = sample(q, gen)  # the draft samples from the warped q
+        drafts.append(prev)
+        qrows.append(Q_claimed[ctx[-1]])
+        ctx.append(prev)
+    tokens = torch.stack(drafts, 1)
+    prows = torch.stack([P[c] for c in ctx], 1)  # p after the context and after each draft token
+    bv = verify_batch(tokens, torch.stack(qrows, 1), prows, gen, repair=repair)
+    first = torch.where(bv.n_accepted >= 1, tokens[:, 0], bv.next_token)
+    second = torch.where(bv.n_accepted >= 2, tokens[:, 1], bv.next_token)
+    return first, second, bv.n_accepted, P
+
+
+def _pvalue(observed: np.ndarray, expected: np.ndarray, groups: int = 1) -> float:
+    """Chi-square p-value; mass in a cell the target gives probability 0 is an immediate failure."""
+    zero = expected == 0
+    if observed[zero].sum() > 0:
+        return 0.0
+    exp = expected[~zero] * observed.sum() / expected[~zero].sum()  # float32 rows sum to 1 only to ~1e-7
+    return float(chisquare(observed[~zero], exp, ddof=groups - 1).pvalue)
+
+
+def first_token_pvalue(first, P):
+    obs = np.bincount(first.numpy(), minlength=V).astype(float)
+    return _pvalue(obs, N * P[0].double().numpy())
+
+
+def second_token_pvalue(first, second, n_acc, P):
+    """Given the first token was an accepted draft x, the next emitted token must follow p(. | x)."""
+    mask = n_acc >= 1
+    x, y = first[mask].numpy(), second[mask].numpy()
+    obs = np.zeros((V, V))
+    np.add.at(obs, (x, y), 1)
+    p64 = P.double().numpy()
+    exp = obs.sum(1, keepdims=True) * p64 / p64.sum(1, keepdims=True)
+    used = obs.sum(1) > 0
+    return _pvalue(obs[used].ravel(), exp[used].ravel(), groups=int(used.sum()))
+
+
+@pytest.mark.parametrize("warp_name", list(WARPS))
+def test_monte_carlo_matches_target(warp_name):
+    first, second, n_acc, P = run_rounds(WARPS[warp_name])
+    assert (n_acc >= 1).sum() > N // 10  # enough accepted rounds for the conditional test to mean something
+    assert first_token_pvalue(first, P) > 1e-3
+    assert second_token_pvalue(first, second, n_acc, P) > 1e-3
+
+
+@pytest.mark.parametrize("warp_name", ["t0.7-k5", "t1.3-p0.8", "t0.9-k6-p0.9"])
+def test_monte_carlo_catches_q_taken_before_warp(warp_name):
+    first, second, n_acc, P = run_rounds(WARPS[warp_name], q_for_verify="raw")
+    assert min(first_token_pvalue(first, P), second_token_pvalue(first, second, n_acc, P)) < 1e-3
+
+
+@pytest.mark.parametrize("warp_name", list(WARPS))
+def test_monte_carlo_catches_repair_from_p(warp_name):
+    first, second, n_acc, P = run_rounds(WARPS[warp_name], repair=lambda p, q: p)
+    assert first_token_pvalue(first, P) < 1e-3
