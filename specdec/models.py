@@ -195,6 +195,7 @@ def embedded_folder(slug: str, progress: Progress | None = None) -> Path:
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{slug}-", dir=final.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the app may run as another user (Docker, Spaces)
         try:
             gguf_path = assemble_gguf(model, tmp, progress)
             _say(progress, f"converting {model.gguf_name} to safetensors (one time, about a minute)")
@@ -289,6 +290,12 @@ def _local(model_id: str) -> bool:
     return Path(model_id).expanduser().is_dir()
 
 
+ENCODER_FAMILIES = {
+    "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "electra", "camembert", "ernie", "rembert", "roc_bert",
+    "megatron-bert", "data2vec-text", "xmod", "big_bird", "bert-generation", "modernbert",
+}
+
+
 def check_config(model_id: str):
     """Load only the config and refuse models that cannot be a speculative decoding target or draft.
 
@@ -312,7 +319,16 @@ def check_config(model_id: str):
         raise ModelLoadError(f"model '{model_id}' was not found: no config in the {where}") from exc
     if getattr(cfg, "auto_map", None):
         raise UnsupportedModelError(f"'{model_id}' needs trust_remote_code (custom model code); refusing to run it")
-    if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or getattr(cfg, "is_encoder_decoder", False):
+    archs = getattr(cfg, "architectures", None) or []
+    causal_arch = not archs or any(a.endswith(("CausalLM", "LMHeadModel")) for a in archs)
+    # Encoder families appear in the causal-LM mapping but only act as decoders when configured as one.
+    encoder_only = cfg.model_type in ENCODER_FAMILIES and not getattr(cfg, "is_decoder", False)
+    if (
+        cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        or getattr(cfg, "is_encoder_decoder", False)
+        or encoder_only
+        or not causal_arch
+    ):
         archs = ", ".join(getattr(cfg, "architectures", None) or [cfg.model_type])
         raise UnsupportedModelError(f"'{model_id}' is not a causal language model ({archs}); it cannot draft or verify")
     return cfg
@@ -406,6 +422,8 @@ def load_pair(
 def _build_pair(label, target_id, draft_id, dt, dev, progress) -> ModelPair:
     if target_id.startswith("tiny:") or draft_id.startswith("tiny:"):
         if not (target_id.startswith("tiny:") and draft_id.startswith("tiny:")):
+            other = draft_id if target_id.startswith("tiny:") else target_id
+            _source(other, progress)  # report an unknown or unusable model before the pairing problem
             raise VocabularyMismatchError("the tiny test models only pair with each other")
         tok = tiny_tokenizer()
         tgt, drf = tiny_models(len(tok))

@@ -1,0 +1,219 @@
+"""The decoding loop on the tiny random-weight pair: determinism, greedy equality, caches, stopping, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec.decoder import DecodeSettings, SpeculativeDecoder, plain_decode
+from specdec.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
+from specdec.models import load_pair, tiny_models, tiny_tokenizer
+from specdec.sampling import SamplingConfig, warp
+
+PROMPT = "def fibonacci(n):"
+SAMPLED = SamplingConfig(temperature=0.9, top_k=40, top_p=0.95)
+
+
+@pytest.fixture
+def no_eos(tiny_pair):
+    """The tiny pair with EOS switched off, for tests that need a run of a known length."""
+    return dataclasses.replace(tiny_pair, eos_token_ids=())
+
+
+def run(pair, prompt=PROMPT, **kw):
+    dec = SpeculativeDecoder(pair, prompt, DecodeSettings(**kw))
+    rounds = list(dec)
+    return dec, rounds
+
+
+def test_same_seed_same_output(tiny_pair):
+    a, _ = run(tiny_pair, gamma=4, max_new_tokens=40, sampling=SAMPLED, seed=3)
+    b, _ = run(tiny_pair, gamma=4, max_new_tokens=40, sampling=SAMPLED, seed=3)
+    c, _ = run(tiny_pair, gamma=4, max_new_tokens=40, sampling=SAMPLED, seed=4)
+    assert a.generated_ids == b.generated_ids
+    assert a.generated_ids != c.generated_ids
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_greedy_equals_plain_generate(tiny_pair, gamma):
+    dec, rounds = run(tiny_pair, gamma=gamma, max_new_tokens=30)
+    ids = torch.tensor([dec.prompt_ids])
+    ref = tiny_pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=30,
+                                    eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert dec.generated_ids == ref
+    assert plain_decode(tiny_pair, PROMPT, DecodeSettings(max_new_tokens=30)).ids == ref
+    assert any(r.rejected_at is not None for r in rounds)  # the pair disagrees sometimes: not a trivial pass
+
+
+def test_round_events_are_consistent(no_eos):
+    dec, rounds = run(no_eos, gamma=5, max_new_tokens=50, sampling=SAMPLED, seed=1)
+    assert sum(len(r.committed_ids) for r in rounds) == len(dec.generated_ids) == 50
+    assert [r.index for r in rounds] == list(range(len(rounds)))
+    for r in rounds:
+        assert len(r.draft_ids) == r.gamma == len(r.q_top) == len(r.accept_probs) == len(r.uniforms)
+        assert len(r.p_top) == r.gamma + 1
+        for i in range(r.n_accepted):
+            assert r.uniforms[i] < r.accept_probs[i]
+            assert r.accept_probs[i] == pytest.approx(min(1.0, r.p_draft[i] / r.q_draft[i]), rel=1e-5)
+        if r.rejected_at is not None:
+            assert r.uniforms[r.rejected_at] >= r.accept_probs[r.rejected_at]
+            assert not r.is_bonus and r.residual_top
+        else:
+            assert r.is_bonus and r.residual_top is None
+        full = r.draft_ids[: r.n_accepted] + [r.emitted_id]
+        assert r.committed_ids == full[: len(r.committed_ids)]
+    json.dumps([r.to_dict() for r in rounds])  # JSON-ready
+    assert rounds[-1].totals.generated == 50 and rounds[-1].stop_reason == "max_new_tokens"
+    assert rounds[-1].totals.target_passes == len(rounds)
+
+
+def test_step_runs_exactly_one_round(tiny_pair):
+    dec = SpeculativeDecoder(tiny_pair, PROMPT, DecodeSettings(gamma=3, max_new_tokens=20, sampling=SAMPLED))
+    r0 = dec.step()
+    assert len(dec.rounds) == 1 and dec.generated_ids == r0.committed_ids
+    dec.step()
+    assert len(dec.rounds) == 2
+
+
+def _fresh_logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+
+
+def check_caches_hold_committed(pair, dec, tol):
+    """Both caches hold the committed text minus its last token; continuing equals a fresh full forward."""
+    ids = dec.ids
+    assert dec.target.ids == ids[:-1]
+    assert dec.target.cache.get_seq_length() == len(ids) - 1
+    d = dec.drafter.lm
+    assert d.ids == ids[: len(d.ids)] and len(d.ids) >= len(ids) - 2  # after a bonus the draft lacks one guess
+    assert d.cache.get_seq_length() == len(d.ids)
+    for lm, model in ((dec.target, pair.target), (d, pair.draft)):
+        cont = lm.logits_after(ids)[-1].float()
+        fresh = _fresh_logits(model, ids)[: pair.vocab_size]
+        assert (cont - fresh).abs().max().item() < tol
+
+
+def test_caches_after_rejections(no_eos):
+    dec = SpeculativeDecoder(no_eos, PROMPT, DecodeSettings(gamma=6, max_new_tokens=60, sampling=SAMPLED, seed=2))
+    for _ in range(8):
+        dec.step()
+    assert sum(r.rejected_at is not None for r in dec.rounds) >= 2
+    check_caches_hold_committed(no_eos, dec, tol=1e-4)
+
+
+def test_stops_at_eos(tiny_pair):
+    dec, _ = run(tiny_pair, gamma=4, max_new_tokens=30)
+    stop_tok = dec.generated_ids[6]
+    pair = dataclasses.replace(tiny_pair, eos_token_ids=(stop_tok,))
+    dec2, rounds = run(pair, gamma=4, max_new_tokens=30)
+    assert dec2.generated_ids == dec.generated_ids[: dec.generated_ids.index(stop_tok) + 1]
+    assert rounds[-1].stop_reason == "eos" and dec2.done
+
+
+def test_end_to_end_first_token_follows_target(tiny_pair):
+    """The whole loop, not just verify: first emitted tokens over many seeds follow the target's warped p."""
+    cfg = SamplingConfig(temperature=1.5, top_k=12)
+    prompt = "ab"
+    ids = tiny_pair.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    p = warp(_fresh_logits(tiny_pair.target, ids)[: tiny_pair.vocab_size], cfg).double().numpy()
+    n = 1500
+    counts = np.zeros_like(p)
+    for seed in range(n):
+        dec = SpeculativeDecoder(tiny_pair, prompt, DecodeSettings(gamma=2, max_new_tokens=1, sampling=cfg, seed=seed))
+        counts[dec.step().committed_ids[0]] += 1
+    support = p > 0
+    assert counts[~support].sum() == 0
+    assert chisquare(counts[support], n * p[support] / p[support].sum()).pvalue > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "prompt,kw,match",
+    [
+        ("", {}, "empty"),
+        ("   \n", {}, "empty"),
+        ("hi", {"gamma": 0}, "gamma"),
+        ("hi", {"gamma": 17}, "gamma"),
+        ("hi", {"max_new_tokens": 0}, "max_new_tokens"),
+        ("hi", {"max_new_tokens": -5}, "max_new_tokens"),
+        ("hi", {"seed": -1}, "seed"),
+        ("hi", {"sampling": SamplingConfig(temperature=-1)}, "temperature"),
+        ("hi", {"sampling": SamplingConfig(temperature=float("nan"))}, "temperature"),
+        ("hi", {"sampling": SamplingConfig(temperature=1, top_p=0)}, "top_p"),
+        ("hi", {"sampling": SamplingConfig(temperature=1, top_k=-2)}, "top_k"),
+    ],
+)
+def test_bad_settings_are_refused(tiny_pair, prompt, kw, match):
+    with pytest.raises(InvalidInputError, match=match):
+        SpeculativeDecoder(tiny_pair, prompt, DecodeSettings(**kw))
+
+
+def test_unknown_models_are_refused():
+    with pytest.raises(ModelLoadError, match="unknown model pair"):
+        load_pair("no-such-pair")
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_pair(target="/nonexistent/folder/model", draft="tiny:draft")
+
+
+def _save(model, tok, path):
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_mismatched_vocabularies_are_refused(tmp_path):
+    tok = tiny_tokenizer()
+    target, _ = tiny_models(len(tok))
+    other_tok = tiny_tokenizer()
+    other_tok.add_tokens(["<extra-token>"])
+    other, _ = tiny_models(len(other_tok), seed=1)
+    t = _save(target, tok, tmp_path / "t")
+    d = _save(other, other_tok, tmp_path / "d")
+    with pytest.raises(VocabularyMismatchError, match="different vocabularies"):
+        load_pair(target=t, draft=d, device="cpu", shared=False)
+
+
+def test_local_folders_load_as_a_pair(tmp_path):
+    tok = tiny_tokenizer()
+    target, draft = tiny_models(len(tok))
+    pair = load_pair(target=_save(target, tok, tmp_path / "t"), draft=_save(draft, tok, tmp_path / "d"),
+                     device="cpu", dtype="float32", shared=False)
+    dec, _ = run(pair, gamma=3, max_new_tokens=8)
+    assert len(dec.generated_ids) == 8
+
+
+def test_non_causal_model_is_refused(tmp_path):
+    from transformers import BertConfig, T5Config
+
+    BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=16).save_pretrained(tmp_path / "bert")
+    T5Config(vocab_size=50, d_model=16, d_ff=16, num_layers=1, num_heads=2).save_pretrained(tmp_path / "t5")
+    for name in ("bert", "t5"):
+        with pytest.raises(UnsupportedModelError, match="not a causal language model"):
+            load_pair(target=str(tmp_path / name), draft="tiny:draft", shared=False)
+
+
+def test_remote_code_model_is_refused(tmp_path):
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilLM"}, "vocab_size": 10}))
+    with pytest.raises(UnsupportedModelError, match="trust_remote_code"):
+        load_pair(target=str(folder), draft="tiny:draft", shared=False)
+
+
+def test_chat_prompt_uses_template(tiny_pair):
+    dec = SpeculativeDecoder(tiny_pair, "hi", DecodeSettings(chat=True, max_new_tokens=4))
+    assert tiny_pair.tokenizer.decode(dec.prompt_ids).startswith("<|im_start|>user\nhi<|im_end|>")
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert len(SpeculativeDecoder(tiny_pair, msgs, DecodeSettings(max_new_tokens=4)).prompt_ids) > len(dec.prompt_ids)
+    with pytest.raises(InvalidInputError):
+        SpeculativeDecoder(tiny_pair, [{"role": "user"}], DecodeSettings())
