@@ -1,0 +1,283 @@
+"""Side-by-side benchmark: transformers generate(), transformers assisted generation, our plain baseline and our
+speculative loop, interleaved (A B C D A B C D ...) on the same pair, prompts, gamma and sampling settings.
+
+Ratios measured in one run are what to compare; absolute tok/s on shared machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, plain_decode
+from .metrics import predicted_speedup
+from .sampling import SamplingConfig
+
+PROMPTS = {
+    "code": [
+        "def fibonacci(n):",
+        "# Python: read a CSV file and print the sum of the 'amount' column\nimport csv\n",
+        "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n\n    def __init__(self):",
+    ],
+    "prose": [
+        "The history of the printing press begins",
+        "Once upon a time, in a small village by the sea,",
+        "Rain fell on the city all night, and by morning",
+    ],
+    "chat": [
+        "Explain what a hash map is in two sentences.",
+        "Give three tips for writing clear commit messages.",
+        "What is the difference between a list and a tuple in Python?",
+    ],
+}
+CONTENDERS = ("hf_plain", "hf_assisted", "ours_plain", "ours_spec")
+
+
+def add_bench_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--quick", action="store_true", help="one prompt per kind, 24 tokens, 1 repeat (< 3 min on 2 cores)")
+    ap.add_argument("--gamma", default="4", help="draft length, or 'auto' to compare adaptive policies")
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--modes", default="greedy,sampled", help="comma list of greedy,sampled (temperature 0.7)")
+    ap.add_argument("--kinds", default="code,prose,chat")
+    ap.add_argument("--sweep-gamma", default=None, help="e.g. 1..12: measured vs predicted speedup per gamma")
+    ap.add_argument("--out", default="bench-results/bench.json")
+
+
+@dataclass
+class Sample:
+    contender: str
+    kind: str
+    mode: str
+    prompt: str
+    tokens: int
+    seconds: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def _sampling(mode: str) -> SamplingConfig:
+    return SamplingConfig(temperature=0.7) if mode == "sampled" else SamplingConfig()
+
+
+def _hf_kwargs(s: DecodeSettings) -> dict:
+    cfg = s.sampling
+    if cfg.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k or None, "top_p": cfg.top_p}
+
+
+def _sync(pair):
+    if pair.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def run_hf(pair, prompt_ids, s: DecodeSettings, assisted: bool, gamma: int) -> tuple[int, float, dict]:
+    ids = torch.tensor([prompt_ids], device=pair.device)
+    kw = _hf_kwargs(s)
+    if assisted:
+        gc = pair.draft.generation_config
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
+        kw["assistant_model"] = pair.draft
+    torch.manual_seed(s.seed)
+    _sync(pair)
+    t0 = time.perf_counter()
+    out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
+                               min_new_tokens=0, pad_token_id=pair.tokenizer.pad_token_id, **kw)
+    _sync(pair)
+    return out.shape[1] - ids.shape[1], time.perf_counter() - t0, {}
+
+
+def run_ours_plain(pair, prompt, s):
+    t0 = time.perf_counter()
+    res = plain_decode(pair, prompt, s)
+    return len(res.ids), time.perf_counter() - t0, {}
+
+
+def run_ours_spec(pair, prompt, s):
+    t0 = time.perf_counter()
+    dec = SpeculativeDecoder(pair, prompt, s)
+    for _ in dec:
+        pass
+    _sync(pair)
+    sec = time.perf_counter() - t0
+    t = dec.totals
+    return len(dec.generated_ids), sec, {"drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds}
+
+
+def step_costs(pair, prompt="The quick brown fox", n=12) -> tuple[float, float]:
+    """Median ms per token of plain decoding with the target and with the draft alone."""
+    s = DecodeSettings(max_new_tokens=n + 1)
+    med = lambda xs: statistics.median(xs[1:])  # noqa: E731
+    return med(plain_decode(pair, prompt, s).token_ms), med(plain_decode(pair, prompt, s, model="draft").token_ms)
+
+
+def _median_tok_s(samples: list[Sample]) -> float:
+    return statistics.median(x.tok_s for x in samples) if samples else 0.0
+
+
+def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
+    by = {k: [x for x in samples if x.contender == k] for k in CONTENDERS}
+    tok_s = {k: _median_tok_s(v) for k, v in by.items()}
+    spec = by["ours_spec"]
+    drafted = sum(x.extra.get("drafted", 0) for x in spec)
+    accepted = sum(x.extra.get("accepted", 0) for x in spec)
+    rounds = sum(x.extra.get("rounds", 0) for x in spec)
+    alpha = accepted / drafted if drafted else 0.0
+    ratio = lambda a, b: tok_s[a] / tok_s[b] if tok_s.get(b) else None  # noqa: E731
+    measured = ratio("ours_spec", "ours_plain")
+    pred = predicted_speedup(alpha, gamma, c) if drafted else None
+    return {
+        "tok_s": tok_s,
+        "d/a": ratio("ours_spec", "hf_plain"),
+        "d/b": ratio("ours_spec", "hf_assisted"),
+        "c/a": ratio("ours_plain", "hf_plain"),
+        "b/a": ratio("hf_assisted", "hf_plain"),
+        "alpha": alpha,
+        "tokens_per_round": sum(x.tokens for x in spec) / rounds if rounds else None,
+        "c": c,
+        "measured_speedup": measured,
+        "predicted_speedup": pred,
+        "measured/predicted": measured / pred if measured and pred else None,
+    }
+
+
+def run_one(pair, name, prompt, s: DecodeSettings) -> tuple[int, float, dict]:
+    if name in ("hf_plain", "hf_assisted"):
+        return run_hf(pair, encode_prompt(pair.tokenizer, prompt, s.chat), s, name == "hf_assisted", s.gamma)
+    return (run_ours_plain if name == "ours_plain" else run_ours_spec)(pair, prompt, s)
+
+
+def run_grid(pair, kinds, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print) -> list[Sample]:
+    jobs = [(k, m, p) for m in modes for k in kinds for p in PROMPTS_SEL[k]]
+    kind, mode, prompt = jobs[0]
+    for name in contenders:  # warm-up: first calls pay one-time allocation and dispatch costs
+        run_one(pair, name, prompt, DecodeSettings(gamma=gamma, max_new_tokens=4, chat=kind == "chat"))
+    samples = []
+    for rep in range(1, repeats + 1):
+        for kind, mode, prompt in jobs:
+            s = DecodeSettings(gamma=gamma, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
+                               chat=kind == "chat")
+            for name in contenders:  # interleaved: A B C D A B C D ...
+                n, sec, extra = run_one(pair, name, prompt, s)
+                samples.append(Sample(name, kind, mode, prompt, n, sec, extra))
+                log(f"  rep {rep} {mode:7s} {kind:5s} {name:11s} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
+    return samples
+
+
+PROMPTS_SEL: dict[str, list[str]] = {}
+
+
+def _fmt(x, spec="{:.2f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def print_table(groups: dict, out=sys.stdout) -> None:
+    head = (f"{'group':16s} {'hf_plain':>8s} {'hf_assist':>9s} {'ours_pl':>8s} {'ours_sp':>8s} {'(d)/(a)':>8s} "
+            f"{'(d)/(b)':>8s} {'(c)/(a)':>8s} {'alpha':>6s} {'tok/rnd':>7s} {'c':>5s} {'meas':>5s} {'pred':>5s} "
+            f"{'m/p':>5s}")
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for name, g in groups.items():
+        t = g["tok_s"]
+        print(f"{name:16s} {t['hf_plain']:8.2f} {t['hf_assisted']:9.2f} {t['ours_plain']:8.2f} {t['ours_spec']:8.2f} "
+              f"{_fmt(g['d/a']):>8s} {_fmt(g['d/b']):>8s} {_fmt(g['c/a']):>8s} {_fmt(g['alpha']):>6s} "
+              f"{_fmt(g['tokens_per_round']):>7s} {_fmt(g['c']):>5s} {_fmt(g['measured_speedup']):>5s} "
+              f"{_fmt(g['predicted_speedup']):>5s} {_fmt(g['measured/predicted']):>5s}", file=out)
+
+
+def _parse_range(text: str) -> list[int]:
+    if ".." in text:
+        a, b = text.split("..")
+        return list(range(int(a), int(b) + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def sweep(pair, gammas, kinds, modes, max_new, c, log) -> list[dict]:
+    rows = []
+    base = run_grid(pair, kinds, modes, 1, max_new, 1, contenders=("ours_plain",), log=log)
+    base_tok_s = _median_tok_s(base)
+    for g in gammas:
+        spec = run_grid(pair, kinds, modes, g, max_new, 1, contenders=("ours_spec",), log=log)
+        drafted = sum(x.extra["drafted"] for x in spec)
+        alpha = sum(x.extra["accepted"] for x in spec) / drafted
+        measured = _median_tok_s(spec) / base_tok_s
+        rows.append({"gamma": g, "alpha": alpha, "measured_speedup": measured,
+                     "predicted_speedup": predicted_speedup(alpha, g, c)})
+    return rows
+
+
+def adaptive_compare(pair, kinds, modes, max_new, fixed, log) -> list[dict]:
+    rows = []
+    policies = [("fixed", g) for g in fixed] + [("heuristic", 4), ("confidence", 8)]
+    for policy, g in policies:
+        samples = []
+        for mode in modes:
+            for kind in kinds:
+                for prompt in PROMPTS_SEL[kind]:
+                    s = DecodeSettings(gamma=g, max_new_tokens=max_new, sampling=_sampling(mode), chat=kind == "chat",
+                                       gamma_policy=policy)
+                    n, sec, extra = run_ours_spec(pair, prompt, s)
+                    samples.append(Sample(f"{policy}-{g}", kind, mode, prompt, n, sec, extra))
+        tokens, secs = sum(x.tokens for x in samples), sum(x.seconds for x in samples)
+        rows.append({"policy": policy, "gamma": g, "tok_s": tokens / secs,
+                     "alpha": sum(x.extra["accepted"] for x in samples) / sum(x.extra["drafted"] for x in samples)})
+        log(f"  {policy:10s} gamma={g:2d}: {tokens / secs:.2f} tok/s over {len(samples)} runs")
+    return rows
+
+
+def cmd_bench(args) -> int:
+    from .cli import load_from_args
+
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    kinds = [k for k in args.kinds.split(",") if k]
+    modes = [m for m in args.modes.split(",") if m]
+    max_new = args.max_new_tokens or (24 if args.quick else 64)
+    repeats = args.repeats or (1 if args.quick else 3)
+    PROMPTS_SEL.clear()
+    PROMPTS_SEL.update({k: PROMPTS[k][:1] if args.quick else PROMPTS[k] for k in kinds})
+    pair = load_from_args(args)
+    target_ms, draft_ms = step_costs(pair)
+    c = draft_ms / target_ms
+    log(f"step cost: target {target_ms:.1f} ms/token, draft {draft_ms:.1f} ms/token, c = {c:.3f}")
+    result = {"models": pair.describe(), "max_new_tokens": max_new, "repeats": repeats, "c": c,
+              "target_ms": target_ms, "draft_ms": draft_ms, "torch_threads": torch.get_num_threads()}
+    if args.sweep_gamma:
+        rows = sweep(pair, _parse_range(args.sweep_gamma), kinds, modes, max_new, c, log)
+        print(f"{'gamma':>5s} {'alpha':>6s} {'measured':>9s} {'predicted':>9s}")
+        for r in rows:
+            print(f"{r['gamma']:5d} {r['alpha']:6.3f} {r['measured_speedup']:9.2f} {r['predicted_speedup']:9.2f}")
+        result["sweep"] = rows
+    elif args.gamma == "auto":
+        rows = adaptive_compare(pair, kinds, modes, max_new, [2, 4, 6, 8], log)
+        for r in rows:
+            print(f"{r['policy']:10s} gamma={r['gamma']:2d} {r['tok_s']:6.2f} tok/s  alpha={r['alpha']:.3f}")
+        result["adaptive"] = rows
+    else:
+        gamma = int(args.gamma)
+        samples = run_grid(pair, kinds, modes, gamma, max_new, repeats, log=log)
+        groups = {}
+        for mode in modes:
+            for kind in kinds:
+                groups[f"{mode}/{kind}"] = summarize_group([x for x in samples if (x.mode, x.kind) == (mode, kind)],
+                                                           gamma, c)
+            groups[f"{mode}/all"] = summarize_group([x for x in samples if x.mode == mode], gamma, c)
+        groups["all"] = summarize_group(samples, gamma, c)
+        print_table(groups)
+        result.update(gamma=gamma, groups=groups, samples=[x.__dict__ for x in samples])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    log(f"wrote {out}")
+    return 0

@@ -1,0 +1,153 @@
+"""Command line: `python -m specdec generate ...` and `python -m specdec bench ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import SpecDecError
+
+
+def _add_model_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--pair", default="default", help="preset pair name (default: the embedded Qwen2.5-Coder pair)")
+    ap.add_argument("--target", help="target model: hub id or local folder (overrides the pair's target)")
+    ap.add_argument("--draft", help="draft model: hub id or local folder (overrides the pair's draft)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+
+def _add_sampling_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = off")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def _gamma(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gamma must be a whole number or 'auto', got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specdec", description="Exact speculative decoding, visible.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with speculative decoding")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
+    g.add_argument("--gamma", type=_gamma, default=4, help="draft tokens per round, or 'auto' (adaptive)")
+    g.add_argument("--adaptive", choices=["heuristic", "confidence"], default="heuristic",
+                   help="with --gamma auto: +2/-1 schedule, or stop drafting below --confidence-threshold")
+    g.add_argument("--confidence-threshold", type=float, default=0.4)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    _add_sampling_args(g)
+    _add_model_args(g)
+    g.add_argument("--compare", action="store_true", help="also run plain target decoding and report the speedup")
+    g.add_argument("--json", action="store_true", help="one JSON object per round, then a summary object")
+
+    b = sub.add_parser("bench", help="benchmark against plain decoding and transformers assisted generation")
+    from .bench import add_bench_args
+
+    add_bench_args(b)
+    _add_model_args(b)
+    return ap
+
+
+def decode_settings(args):
+    from .decoder import DecodeSettings
+    from .sampling import SamplingConfig
+
+    auto = args.gamma == "auto"
+    return DecodeSettings(
+        gamma=4 if auto else args.gamma,
+        max_new_tokens=args.max_new_tokens,
+        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p),
+        seed=args.seed,
+        chat=args.chat,
+        gamma_policy=args.adaptive if auto else "fixed",
+        confidence_threshold=args.confidence_threshold,
+    ).validate()
+
+
+def load_from_args(args):
+    from .models import load_pair
+
+    return load_pair(args.pair, target=args.target, draft=args.draft, dtype=args.dtype, device=args.device,
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def cmd_generate(args) -> int:
+    from .decoder import SpeculativeDecoder, plain_decode
+    from .metrics import summarize
+
+    settings = decode_settings(args)
+    pair = load_from_args(args)
+    dec = SpeculativeDecoder(pair, args.prompt, settings)  # validates the prompt before any timing
+    baseline = draft_only = None
+    if args.compare:
+        warm = type(settings)(max_new_tokens=2, chat=settings.chat)
+        plain_decode(pair, args.prompt, warm)  # first calls pay one-time allocation costs; keep them out
+        plain_decode(pair, args.prompt, warm, model="draft")
+        baseline = plain_decode(pair, args.prompt, settings)
+        draft_only = plain_decode(pair, args.prompt, type(settings)(max_new_tokens=min(16, settings.max_new_tokens),
+                                                                     chat=settings.chat), model="draft")
+    for rnd in dec:
+        if args.json:
+            print(json.dumps(rnd.to_dict()), flush=True)
+    m = summarize(dec.rounds, baseline.ms_per_token if baseline else None,
+                  draft_only.ms_per_token if draft_only else None)
+    spec_tok_s = 1e3 * len(dec.generated_ids) / dec.totals.elapsed_ms if dec.totals.elapsed_ms else 0.0
+    summary = {
+        "text": dec.text,
+        "tokens": len(dec.generated_ids),
+        "rounds": len(dec.rounds),
+        "acceptance_rate": m.acceptance_rate,
+        "tokens_per_round": m.tokens_per_round,
+        "per_position_acceptance": m.per_position_acceptance,
+        "accepted_histogram": m.accepted_histogram,
+        "stop_reason": dec.stop_reason,
+        "models": pair.describe(),
+    }
+    if baseline:
+        summary.update(
+            baseline_text=baseline.text,
+            baseline_tok_s=baseline.tok_s,
+            speculative_tok_s=spec_tok_s,
+            speedup=spec_tok_s / baseline.tok_s if baseline.tok_s else None,
+            c=m.c,
+            predicted_speedup=m.predicted_speedup,
+            same_text=baseline.ids == dec.generated_ids,
+        )
+    if args.json:
+        print(json.dumps(summary), flush=True)
+        return 0
+    print(dec.text)
+    line = (f"-- {summary['tokens']} tokens in {summary['rounds']} rounds | acceptance {m.acceptance_rate:.1%} | "
+            f"{m.tokens_per_round:.2f} tokens/round (incl. repaired/bonus) | {spec_tok_s:.2f} tok/s")
+    if baseline:
+        line += f" | plain {baseline.tok_s:.2f} tok/s | speedup {summary['speedup']:.2f}x"
+        line += f" (predicted {m.predicted_speedup:.2f}x, c={m.c:.2f})" if m.predicted_speedup else ""
+    print(line, file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        from .bench import cmd_bench
+
+        return cmd_bench(args)
+    except SpecDecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
