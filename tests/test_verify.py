@@ -173,3 +173,13 @@ def test_monte_carlo_catches_q_taken_before_warp(warp_name):
 def test_monte_carlo_catches_repair_from_p(warp_name):
     first, second, n_acc, P = run_rounds(WARPS[warp_name], repair=lambda p, q: p)
     assert first_token_pvalue(first, P) < 1e-3
+
+
+def test_sample_draws_exactly_from_probs():
+    """The inverse-CDF sampler every draft, repair and bonus token goes through: chi-square, zeros never drawn."""
+    p = torch.tensor([0.0, 0.5, 0.0, 0.25, 0.125, 0.0, 0.125, 0.0])
+    draws = sample(p.expand(N, V), torch.Generator().manual_seed(11))
+    counts = np.bincount(draws.numpy(), minlength=V).astype(float)
+    assert _pvalue(counts, N * p.double().numpy()) > 1e-3
+    skewed = sample(torch.tensor([1.0, 0, 0, 0]).expand(1000, 4), torch.Generator().manual_seed(0))
+    assert (skewed == 0).all()
