@@ -7,6 +7,8 @@ looked up on the module at call time (so a test that monkeypatches a broken veri
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -117,7 +119,8 @@ def hundred_points(p, q, tokens: Sequence[str] | None = None) -> HundredPoints:
         raise LabInputError(f"{len(toks)} token names for {len(pn)} probabilities")
     kept = np.minimum(pn, qn)
     residual = np.maximum(0.0, pn - qn)
-    return HundredPoints(toks, pn, qn, kept, residual, kept + residual, float(kept.sum()), [n for n in (note_p, note_q) if n])
+    notes = [n for n in (note_p, note_q) if n]
+    return HundredPoints(toks, pn, qn, kept, residual, kept + residual, float(kept.sum()), notes)
 
 
 # ------------------------------------------------------------------------------------------- wrong repairs
@@ -139,9 +142,9 @@ def _engine_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 REPAIRS: dict[str, tuple[str, Callable | None]] = {
-    "correct": ("Correct: sample from normalize(max(0, p − q))", None),
-    "fresh-p": ("Wrong: sample afresh from p", repair_fresh_from_p),
-    "from-q": ("Wrong: sample from q again", repair_from_q),
+    "correct": ("Correct: draw from max(0, p − q)", None),
+    "fresh-p": ("Wrong: fresh draw from p", repair_fresh_from_p),
+    "from-q": ("Wrong: draw from q again", repair_from_q),
 }
 
 
@@ -167,12 +170,14 @@ def sample_first_tokens(
     n: int,
     generator: torch.Generator | None = None,
     repair: str | Callable | None = None,
+    time_budget_s: float | None = None,
 ) -> torch.Tensor:
     """Token index emitted first by n independent one-guess rounds at one position: LongTensor [n].
 
     Each round drafts x ~ q and hands (x, q, p) to verify_batch, which keeps x or repairs. The bonus row is
     filled with p as a placeholder: the first emitted token never depends on it. Rounds run in batches sized
-    so the [rows, V] tensors inside verify_batch stay small.
+    so the [rows, V] tensors inside verify_batch stay small. With time_budget_s, batching stops once the budget
+    is spent, so fewer than n rounds may come back (only matters for vocabulary-wide rows).
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_LAB_ROUNDS:
         raise LabInputError(f"the number of rounds must be a whole number from 1 to {MAX_LAB_ROUNDS:,}, got {n!r}")
@@ -184,7 +189,10 @@ def sample_first_tokens(
     rows = max(1, MAX_CELLS_PER_CALL // (2 * v))
     target_rows = torch.stack([pt, pt])  # [2, V]: the checked position, then the (unused) bonus position
     out = []
+    t0 = time.perf_counter()
     for start in range(0, int(n), rows):
+        if out and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            break
         b = min(rows, int(n) - start)
         x = torch.multinomial(qt, b, replacement=True, generator=generator)  # the draft's guesses
         verdict = verify_mod.verify_batch(
@@ -235,20 +243,36 @@ def chi_square(observed, probs, min_expected: float = 5.0) -> ChiSquare:
             float("inf"), 0.0, 0, n, len(pr),
             f"{int(impossible)} draw(s) landed on tokens the target gives probability 0",
         )
+    if int((pr > 0).sum()) == 1:
+        # Greedy-like target: one possible token, and (checked above) every draw landed on it.
+        return ChiSquare(0.0, 1.0, 0, n, 1, "the target allows a single token and every draw matched it")
     exp = n * pr
     big = exp >= min_expected
     o_cells, e_cells = list(obs[big]), list(exp[big])
-    pooled = int((~big & (pr > 0)).sum())
-    if pooled:
-        o_rest, e_rest = obs[~big].sum(), exp[~big].sum()
-        if e_rest >= min_expected or not e_cells:
-            o_cells.append(o_rest)
-            e_cells.append(e_rest)
-        else:
-            j = int(np.argmin(e_cells))
-            o_cells[j] += o_rest
-            e_cells[j] += e_rest
-    note = f"{pooled} rare token(s) pooled into one cell" if pooled else ""
+    small = np.flatnonzero(~big & (pr > 0))
+    groups = 0
+    if len(small):
+        # Bins of consecutive small cells (most likely first), each expected to hold >= min_expected draws.
+        # The bins depend on probs only, never on the counts, so the test stays valid.
+        small = small[np.argsort(-pr[small], kind="stable")]
+        o_acc = e_acc = 0.0
+        for j in small:
+            o_acc += obs[j]
+            e_acc += exp[j]
+            if e_acc >= min_expected:
+                o_cells.append(o_acc)
+                e_cells.append(e_acc)
+                groups += 1
+                o_acc = e_acc = 0.0
+        if e_acc > 0:
+            if e_cells:  # the leftover bin is too small: fold it into the smallest cell
+                k = int(np.argmin(e_cells))
+                o_cells[k] += o_acc
+                e_cells[k] += e_acc
+            else:
+                o_cells.append(o_acc)
+                e_cells.append(e_acc)
+    note = f"{len(small)} rare token(s) pooled into {max(groups, 1)} cell(s)" if len(small) else ""
     if len(e_cells) < 2:
         return ChiSquare(float("nan"), float("nan"), 0, n, len(e_cells), "too few samples for a chi-square test")
     stat, pv = chisquare(np.asarray(o_cells), np.asarray(e_cells))
@@ -339,24 +363,21 @@ class SupportDraws:
     capped_from: int | None = None
 
 
-def draw_budget(support_size: int, requested: int, max_cells: int = 30_000_000) -> int:
-    """Rounds affordable for a support of this size: each round costs a few passes over S floats."""
-    return max(1, min(requested, max_cells // max(1, support_size)))
 
-
-def sample_on_support(rows: FirstTokenRows, n: int, seed: int, repair=None) -> SupportDraws:
+def sample_on_support(rows: FirstTokenRows, n: int, seed: int, repair=None,
+                      time_budget_s: float = 8.0) -> SupportDraws:
     """N vectorized verify_batch rounds on the exact rows, restricted to tokens where p0 or q0 is positive.
 
     Dropping tokens with p = q = 0 changes nothing: the draft never proposes them, min and max(0, p - q) are
     0 there, and a zero-probability entry is never sampled. It turns a 151 936-wide row into a few dozen
-    under top-k. Without top-k/top-p the support is the whole vocabulary and N is capped to keep this quick.
+    under top-k. Without top-k/top-p the support is the whole vocabulary and the time budget may cut N short.
     """
     support = torch.nonzero((rows.p0 > 0) | (rows.q0 > 0)).squeeze(-1)
-    m = draw_budget(len(support), n)
     gen = torch.Generator().manual_seed(int(seed))
     t0 = time.perf_counter()
-    s = sample_first_tokens(rows.p0[support], rows.q0[support], m, gen, repair)
+    s = sample_first_tokens(rows.p0[support], rows.q0[support], n, gen, repair, time_budget_s)
     secs = time.perf_counter() - t0
+    m = int(s.shape[0])
     return SupportDraws(support, counts(s, len(support)), m, secs, n if m < n else None)
 
 
@@ -424,13 +445,14 @@ class RunPoint:
     tokens_per_round: float
     measured_speedup: float | None  # only when the run carries a plain-decoding baseline
     c_estimate: float | None  # (draft ms per drafted token) / (verify ms per round), from the rounds' timings
+    c_measured: float | None = None  # draft / target plain per-token cost, when the playground timed both models
 
 
 def _round_dicts(rounds) -> list[dict]:
     return [r.to_dict() if isinstance(r, Round) else dict(r) for r in rounds]
 
 
-def _runs_in(state) -> list[tuple[list[dict], dict]]:
+def runs_in(state) -> list[tuple[list[dict], dict]]:
     """Accept what the playground may store: a list of rounds, {"rounds": [...], ...}, or a list of such runs."""
     if not state:
         return []
@@ -443,17 +465,18 @@ def _runs_in(state) -> list[tuple[list[dict], dict]]:
     return []
 
 
-def _measured_speedup(meta: dict) -> float | None:
+def _positive(meta: dict, key: str) -> float | None:
+    """meta[key] or meta["metrics"][key] when it is a positive finite number (absent or None otherwise)."""
     for src in (meta, meta.get("metrics") or {}):
-        v = src.get("speedup") if isinstance(src, dict) else None
-        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+        v = src.get(key) if isinstance(src, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
             return float(v)
     return None
 
 
 def run_points(state) -> list[RunPoint]:
     points = []
-    for i, (rounds, meta) in enumerate(_runs_in(state), 1):
+    for i, (rounds, meta) in enumerate(runs_in(state), 1):
         rounds = [r for r in rounds if isinstance(r, dict) and r.get("gamma")]
         if not rounds:
             continue
@@ -463,10 +486,12 @@ def run_points(state) -> list[RunPoint]:
         d_ms = sum(float(r.get("draft_ms") or 0) for r in rounds)
         v_ms = sum(float(r.get("verify_ms") or 0) for r in rounds)
         c_est = (d_ms / drafted) / (v_ms / len(rounds)) if d_ms > 0 and v_ms > 0 else None
-        label = str(meta.get("label") or (f"run {i}" if len(_runs_in(state)) > 1 else "your last run"))
+        label = str(meta.get("label") or (f"run {i}" if len(runs_in(state)) > 1 else "your last run"))
+        if meta.get("pair"):
+            label += f" ({meta['pair']})"
         points.append(
             RunPoint(label, len(rounds), accepted / drafted, drafted / len(rounds), committed / len(rounds),
-                     _measured_speedup(meta), c_est)
+                     _positive(meta, "speedup"), c_est, _positive(meta, "c"))
         )
     return points
 
@@ -475,11 +500,12 @@ def run_points(state) -> list[RunPoint]:
 
 
 def _example_round(context: str, steps: list[tuple[str, dict[str, float], dict[str, float]]],
-                   bonus_p: dict[str, float], uniforms: list[float], seed: int) -> dict:
+                   bonus_p: dict[str, float], uniforms: list[float], emit: str) -> dict:
     """A Round dict for a hand-made example, with its verdict produced by specdec.verify.verify.
 
     steps holds (drafted piece, q row, p row) per position over a small made-up vocabulary; the recorded
-    uniforms are replayed, and the repair or bonus token is drawn by verify itself with a fixed seed.
+    uniforms are replayed, so verify decides what is kept. The repair or bonus token is verify's own draw;
+    seeds are tried in order until that draw is `emit`, the token the story tells (it must be possible).
     """
     vocab: list[str] = []
     for piece, q, p in steps:
@@ -500,7 +526,13 @@ def _example_round(context: str, steps: list[tuple[str, dict[str, float], dict[s
     q = torch.stack([row(s[1]) for s in steps])
     p = torch.stack([row(s[2]) for s in steps] + [row(bonus_p)])
     draft = torch.tensor([idx[s[0]] for s in steps])
-    verdict = verify_mod.verify(draft, q, p, torch.Generator().manual_seed(seed), uniforms=torch.tensor(uniforms))
+    for seed in range(1000):
+        gen = torch.Generator().manual_seed(seed)
+        verdict = verify_mod.verify(draft, q, p, gen, uniforms=torch.tensor(uniforms))
+        if verdict.tokens[-1] == idx[emit]:
+            break
+    else:
+        raise ValueError(f"verify never emitted {emit!r} for this example")
 
     def top(r: torch.Tensor) -> list[dict]:
         order = torch.argsort(r, descending=True)
@@ -525,8 +557,8 @@ def _example_round(context: str, steps: list[tuple[str, dict[str, float], dict[s
     }
 
 
-def example_rounds() -> dict[str, dict]:
-    """The built-in rounds of the walkthrough: the story's rejected "down", and a round where all guesses pass."""
+@functools.lru_cache(maxsize=1)
+def _example_rounds() -> dict[str, dict]:
     ctx = "Tell me where the cat is."
     reject = _example_round(
         ctx,
@@ -539,7 +571,7 @@ def example_rounds() -> dict[str, dict]:
         ],
         {".": 50, " on": 30, ",": 20},
         [0.41, 0.27, 0.66, 0.58],
-        seed=0,
+        emit=" nearby",
     )
     bonus = _example_round(
         ctx,
@@ -551,6 +583,11 @@ def example_rounds() -> dict[str, dict]:
         ],
         {".": 70, " on": 20, ",": 10},
         [0.41, 0.27, 0.66, 0.12],
-        seed=0,
+        emit=".",
     )
     return {"builtin:reject": reject, "builtin:bonus": bonus}
+
+
+def example_rounds() -> dict[str, dict]:
+    """The built-in rounds of the walkthrough: the story's rejected "down", and a round where all guesses pass."""
+    return copy.deepcopy(_example_rounds())  # built once; callers get their own copy to read or modify

@@ -1,0 +1,1 @@
+"""Gradio tab builders for the specdec app."""
