@@ -289,6 +289,11 @@ def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
     pt = lab.run_points({"rounds": rounds, "speedup": 1.7, "c": 0.3})[0]
     assert pt.measured_speedup == 1.7 and pt.c_measured == 0.3
     assert lab.run_points(None) == [] and lab.run_points({"rounds": []}) == []
+    from ui.learn_tab import c_from_run
+
+    assert c_from_run(0.1, {"rounds": rounds, "c": 0.34}) == 0.34  # the playground's timed c wins
+    est = lab.run_points(rounds)[0].c_estimate
+    assert est is not None and c_from_run(0.1, rounds) == round(min(1.0, est), 2)
     assert "gone" in render_walkthrough("run:999", 0, rounds)
 
 
@@ -341,3 +346,19 @@ def test_full_vocabulary_support_stops_at_the_time_budget():
     assert len(d.support) == 150_000
     assert 0 < d.n < 100_000 and d.capped_from == 100_000 and d.counts.sum() == d.n
     assert d.seconds < 5
+
+
+@pytest.mark.slow
+def test_real_pair_first_token_check(real_pair_fp32):
+    """The real-model panel's path on the embedded Qwen pair: exact rows, vectorized draws, a few real rounds."""
+    cfg = SamplingConfig(temperature=0.8, top_k=40)
+    prefix = "def fibonacci(n):\n    "
+    rows = lab.first_token_rows(real_pair_fp32, prefix, cfg)
+    assert int((rows.p0 > 0).sum()) == 40 and float(rows.p0.sum()) == pytest.approx(1.0, abs=1e-5)
+    draws = lab.sample_on_support(rows, 20_000, seed=0)
+    assert draws.capped_from is None
+    engine = lab.engine_first_tokens(real_pair_fp32, prefix, cfg, 3, gamma=1)
+    chk = lab.real_check(rows, draws, engine)
+    assert chk.test.p_value > 1e-3 and chk.tv < 0.03
+    assert chk.engine_outside == 0
+    assert lab.real_check(rows, lab.sample_on_support(rows, 20_000, 0, repair="fresh-p"), []).test.p_value < 1e-3

@@ -298,9 +298,11 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
 
         return fn
 
-    nxt.click(move(+1), [round_dd, step, recorded_rounds], [step, walk])
-    back.click(move(-1), [round_dd, step, recorded_rounds], [step, walk])
-    round_dd.change(lambda c, st: (0, render_walkthrough(c, 0, st)), [round_dd, recorded_rounds], [step, walk])
+    quiet = dict(show_progress="hidden")  # instant updates: a loading overlay would only flicker
+    nxt.click(move(+1), [round_dd, step, recorded_rounds], [step, walk], **quiet)
+    back.click(move(-1), [round_dd, step, recorded_rounds], [step, walk], **quiet)
+    round_dd.change(lambda c, st: (0, render_walkthrough(c, 0, st)), [round_dd, recorded_rounds], [step, walk],
+                    **quiet)
 
     # 2. The 100-point picture ------------------------------------------------------------------------
     gr.Markdown("### 2. The 100-point picture")
@@ -325,7 +327,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
             bars = gr.Plot(view.hundred_points_figure(hp0), show_label=False, elem_id="learn-100-plot")
             summary = gr.HTML(view.hundred_points_summary(hp0), elem_id="learn-100-summary")
     editor = [n_tok, *toks, *ps, *qs]
-    gr.on([c.change for c in editor], update_hundred, editor, [bars, summary])
+    gr.on([c.change for c in editor], update_hundred, editor, [bars, summary], **quiet)
     n_tok.change(show_rows, n_tok, rows)
     reset.click(reset_editor, None, editor)
 
@@ -388,8 +390,9 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
     def real_handler(*args):
         yield from run_real(get_pair, *args)
 
+    # The handler streams its own progress messages, so no overlay hides them.
     real_run.click(real_handler, [prefix, temp, top_k, top_p, gamma, real_n, real_k, real_seed], [real_plot, real_out],
-                   concurrency_id="learn-real", concurrency_limit=1)
+                   concurrency_id="learn-real", concurrency_limit=1, show_progress="hidden")
 
     # 5. When it is faster ------------------------------------------------------------------------------
     gr.Markdown("### 5. When is it faster?")
@@ -401,7 +404,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
         fig0, text0 = update_speedup(0.1, recorded_rounds.value)
         sp_plot = gr.Plot(fig0, show_label=False, elem_id="learn-speedup-plot")
         sp_out = gr.HTML(text0, elem_id="learn-speedup-summary")
-    c_slider.change(update_speedup, [c_slider, recorded_rounds], [sp_plot, sp_out])
+    c_slider.change(update_speedup, [c_slider, recorded_rounds], [sp_plot, sp_out], **quiet)
     use_c.click(c_from_run, [c_slider, recorded_rounds], c_slider)
 
     def on_recorded(state, choice):
