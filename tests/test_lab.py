@@ -362,3 +362,17 @@ def test_real_pair_first_token_check(real_pair_fp32):
     assert chk.test.p_value > 1e-3 and chk.tv < 0.03
     assert chk.engine_outside == 0
     assert lab.real_check(rows, lab.sample_on_support(rows, 20_000, 0, repair="fresh-p"), []).test.p_value < 1e-3
+
+
+def test_real_panel_waits_for_loading_models_and_reports_failures():
+    from ui.learn_tab import wait_for_pair
+
+    answers = iter([None, None, "PAIR"])
+    out = list(wait_for_pair(lambda: next(answers), poll_s=0))
+    assert [p for p, _ in out] == [None, None, "PAIR"] and "still loading" in out[0][1]
+
+    def broken():
+        raise lab.LabInputError("the model pair 'x' failed to load: no such file")
+
+    assert list(wait_for_pair(broken, poll_s=0)) == [(None, "the model pair 'x' failed to load: no such file")]
+    assert "still loading after" in list(wait_for_pair(lambda: None, timeout_s=0, poll_s=0))[-1][1]

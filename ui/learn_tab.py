@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import gradio as gr
+import torch
 
 from components import learn as view
 from specdec import lab
@@ -61,27 +62,24 @@ class BackgroundPair:
             self.error = f"the model pair '{self.name}' failed to load: {exc}"
 
 
-def _get_pair_or_message(get_pair: Callable) -> tuple[object | None, str | None]:
-    try:
-        pair = get_pair()
-    except Exception as exc:
-        return None, str(exc)
-    if pair is None:
-        return None, "The models are still loading; try again in a few seconds."
-    return pair, None
-
-
 def wait_for_pair(get_pair: Callable, timeout_s: float = 300.0, poll_s: float = 1.0):
-    """Yield (None, progress message) while the pair loads, then (pair, None) or (None, error message)."""
+    """Yield (None, progress message) while the pair loads, then (pair, None) or (None, error message).
+
+    get_pair returns the pair, None while it is loading, or raises if loading failed.
+    """
     t0 = time.time()
     while True:
-        pair, problem = _get_pair_or_message(get_pair)
+        try:
+            pair = get_pair()
+        except Exception as exc:  # a failed load is shown as its message
+            yield None, str(exc)
+            return
         if pair is not None:
             yield pair, None
             return
         waited = time.time() - t0
-        if not problem.startswith("The models are still loading") or waited > timeout_s:
-            yield None, problem
+        if waited > timeout_s:
+            yield None, f"The models are still loading after {waited:.0f} s; try again later."
             return
         yield None, f"The models are still loading ({waited:.0f} s so far); this run starts as soon as they are ready."
         time.sleep(poll_s)
@@ -232,8 +230,6 @@ def run_real(get_pair, prefix, temperature, top_k, top_p, gamma, n, k, seed):
 
 def _pieces(pair, rows, extra=()) -> dict[int, str]:
     """Decoded text of the tokens the chart can show: the top of p0 and anything the real rounds emitted."""
-    import torch
-
     top = torch.topk(rows.p0, min(16, rows.p0.shape[0])).indices.tolist()
     ids = sorted(set(top) | set(int(i) for i in extra))
     return {i: pair.tokenizer.decode([i]) for i in ids}
