@@ -37,6 +37,7 @@ class DecodeSettings:
     chat: bool = False
     gamma_policy: str = "fixed"  # "heuristic": +2 after a fully accepted round, -1 otherwise
     confidence_threshold: float = 0.4  # used by gamma_policy="confidence"
+    draft_vocab: int = 0  # > 0: the draft only proposes token ids below this (plus EOS); 0 = full vocabulary
 
     def validate(self) -> "DecodeSettings":
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_GAMMA:
@@ -48,6 +49,8 @@ class DecodeSettings:
             raise InvalidInputError(f"seed must be a whole number from 0 to 2**63-1, got {self.seed!r}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise InvalidInputError(f"gamma policy must be one of {', '.join(GAMMA_POLICIES)}, got {self.gamma_policy!r}")
+        if isinstance(self.draft_vocab, bool) or not isinstance(self.draft_vocab, int) or self.draft_vocab < 0:
+            raise InvalidInputError(f"draft vocabulary limit must be a whole number >= 0, got {self.draft_vocab!r}")
         if not 0 <= self.confidence_threshold < 1:
             raise InvalidInputError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold!r}")
         self.sampling.validate()
@@ -115,7 +118,8 @@ class SpeculativeDecoder:
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(pair.device, settings.seed)
         threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
-        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold)
+        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold, settings.draft_vocab,
+                                                    pair.eos_token_ids)
         self.target = CachedLM(pair.target, pair.vocab_size)
         self.gamma = settings.gamma
         self.totals = Totals()

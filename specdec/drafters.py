@@ -32,12 +32,15 @@ class Drafter(Protocol):
 class DraftModelDrafter:
     """A smaller causal LM with its own KV cache, sampling token by token from the warped q.
 
+    `head_vocab` restricts the draft to token ids below it (plus EOS): cheaper per token, and still exact since q
+    is then a distribution over that subset and the draft samples from exactly it (the residual covers the rest).
     `confidence_threshold` stops drafting early once the draft's top probability drops below it (the first
     token is always drafted); the tokens it did draft still come with their exact q rows.
     """
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int, confidence_threshold: float = 0.0):
-        self.lm = CachedLM(model, vocab_size)
+    def __init__(self, model: torch.nn.Module, vocab_size: int, confidence_threshold: float = 0.0,
+                 head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
+        self.lm = CachedLM(model, vocab_size, head_vocab, always_keep)
         self.confidence_threshold = confidence_threshold
 
     def prefill(self, committed: list[int]) -> None:

@@ -10,14 +10,30 @@ import torch
 from transformers import DynamicCache
 
 
+# Architectures whose logits are exactly lm_head(final hidden state): no soft-capping or logit scaling, so a
+# sliced head gives the same numbers as the full one on the kept rows.
+PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "phi3", "granite_dense", "olmo2", "smollm3"}
+
+
 class CachedLM:
-    def __init__(self, model: torch.nn.Module, vocab_size: int):
+    def __init__(self, model: torch.nn.Module, vocab_size: int, head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
+        """head_vocab > 0 computes logits only for token ids < head_vocab (plus `always_keep`, e.g. EOS); the
+        other logits are -inf. Used for drafts: the vocabulary projection is a large share of a small model's
+        per-token cost, and q stays an exact distribution (zero outside the kept ids) that the draft samples from.
+        """
         self.model = model
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
         self.cache = DynamicCache(config=model.config)
         self.ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.passes = 0
+        self.head_ids = self.head = None
+        if 0 < head_vocab < vocab_size:
+            if model.config.model_type not in PLAIN_HEAD_TYPES:
+                raise ValueError(f"a reduced draft vocabulary is not supported for {model.config.model_type} models")
+            keep = sorted(set(range(head_vocab)) | {i for i in always_keep if i < vocab_size})
+            self.head_ids = torch.tensor(keep, device=self.device)
+            self.head = model.get_output_embeddings().weight.index_select(0, self.head_ids)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -43,10 +59,16 @@ class CachedLM:
     def feed(self, ids: list[int], n_logits: int = 1) -> torch.Tensor:
         """Append ids to the cache; return logits [n_logits, V] for the last n_logits fed positions."""
         inp = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=inp, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
-        self.ids.extend(ids)
         self.passes += 1
-        return out.logits[0, -n_logits:, : self.vocab_size]
+        if self.head is None:
+            out = self.model(input_ids=inp, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
+            self.ids.extend(ids)
+            return out.logits[0, -n_logits:, : self.vocab_size]
+        hidden = self.model.base_model(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state
+        self.ids.extend(ids)
+        sub = torch.nn.functional.linear(hidden[0, -n_logits:], self.head)
+        full = torch.full((n_logits, self.vocab_size), float("-inf"), dtype=sub.dtype, device=sub.device)
+        return full.index_copy_(1, self.head_ids, sub)
 
     def prefill(self, committed: list[int]) -> None:
         """Cache everything but the last committed token (the first round feeds that one)."""

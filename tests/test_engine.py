@@ -39,9 +39,9 @@ def test_same_seed_same_output(tiny_pair):
     assert a.generated_ids != c.generated_ids
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 8])
-def test_greedy_equals_plain_generate(tiny_pair, gamma):
-    dec, rounds = run(tiny_pair, gamma=gamma, max_new_tokens=30)
+@pytest.mark.parametrize("gamma,draft_vocab", [(1, 0), (4, 0), (8, 0), (4, 60)])
+def test_greedy_equals_plain_generate(tiny_pair, gamma, draft_vocab):
+    dec, rounds = run(tiny_pair, gamma=gamma, max_new_tokens=30, draft_vocab=draft_vocab)
     ids = torch.tensor([dec.prompt_ids])
     ref = tiny_pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=30,
                                     eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
@@ -116,8 +116,18 @@ def test_stops_at_eos(tiny_pair):
     assert rounds[-1].stop_reason == "eos" and dec2.done
 
 
-def test_end_to_end_first_token_follows_target(tiny_pair):
-    """The whole loop, not just verify: first emitted tokens over many seeds follow the target's warped p."""
+def test_reduced_draft_vocabulary_only_proposes_kept_ids(tiny_pair):
+    dec, rounds = run(tiny_pair, gamma=4, max_new_tokens=40, sampling=SAMPLED, draft_vocab=30)
+    drafted = {t for r in rounds for t in r.draft_ids}
+    assert drafted and all(t < 30 or t in tiny_pair.eos_token_ids for t in drafted)
+    q_ids = {t.id for r in rounds for row in r.q_top for t in row}
+    assert all(t < 30 or t in tiny_pair.eos_token_ids for t in q_ids)  # q has no mass outside the kept ids
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 40])
+def test_end_to_end_first_token_follows_target(tiny_pair, draft_vocab):
+    """The whole loop, not just verify: first emitted tokens over many seeds follow the target's warped p,
+    also when the draft may only propose a subset of the vocabulary (the residual must supply the rest)."""
     cfg = SamplingConfig(temperature=1.5, top_k=12)
     prompt = "ab"
     ids = tiny_pair.tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -125,7 +135,8 @@ def test_end_to_end_first_token_follows_target(tiny_pair):
     n = 1500
     counts = np.zeros_like(p)
     for seed in range(n):
-        dec = SpeculativeDecoder(tiny_pair, prompt, DecodeSettings(gamma=2, max_new_tokens=1, sampling=cfg, seed=seed))
+        dec = SpeculativeDecoder(tiny_pair, prompt, DecodeSettings(gamma=2, max_new_tokens=1, sampling=cfg, seed=seed,
+                                                                   draft_vocab=draft_vocab))
         counts[dec.step().committed_ids[0]] += 1
     support = p > 0
     assert counts[~support].sum() == 0
