@@ -48,6 +48,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--modes", default="greedy,sampled", help="comma list of greedy,sampled (temperature 0.7)")
     ap.add_argument("--kinds", default="code,prose,chat")
     ap.add_argument("--sweep-gamma", default=None, help="e.g. 1..12: measured vs predicted speedup per gamma")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="(d) only: the draft proposes token ids below N (plus EOS); 0 = full vocabulary")
     ap.add_argument("--out", default="bench-results/bench.json")
 
 
@@ -159,8 +161,9 @@ def run_one(pair, name, prompt, s: DecodeSettings) -> tuple[int, float, dict]:
     return (run_ours_plain if name == "ours_plain" else run_ours_spec)(pair, prompt, s)
 
 
-def run_grid(pair, kinds, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print) -> list[Sample]:
-    jobs = [(k, m, p) for m in modes for k in kinds for p in PROMPTS_SEL[k]]
+def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print,
+             draft_vocab=0) -> list[Sample]:
+    jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
     kind, mode, prompt = jobs[0]
     for name in contenders:  # warm-up: first calls pay one-time allocation and dispatch costs
         run_one(pair, name, prompt, DecodeSettings(gamma=gamma, max_new_tokens=4, chat=kind == "chat"))
@@ -168,7 +171,7 @@ def run_grid(pair, kinds, modes, gamma, max_new, repeats, contenders=CONTENDERS,
     for rep in range(1, repeats + 1):
         for kind, mode, prompt in jobs:
             s = DecodeSettings(gamma=gamma, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
-                               chat=kind == "chat")
+                               chat=kind == "chat", draft_vocab=draft_vocab)
             for name in contenders:  # interleaved: A B C D A B C D ...
                 n, sec, extra = run_one(pair, name, prompt, s)
                 samples.append(Sample(name, kind, mode, prompt, n, sec, extra))
@@ -176,7 +179,7 @@ def run_grid(pair, kinds, modes, gamma, max_new, repeats, contenders=CONTENDERS,
     return samples
 
 
-PROMPTS_SEL: dict[str, list[str]] = {}
+
 
 
 def _fmt(x, spec="{:.2f}"):
@@ -204,12 +207,13 @@ def _parse_range(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def sweep(pair, gammas, kinds, modes, max_new, c, log) -> list[dict]:
+def sweep(pair, gammas, prompts, modes, max_new, c, log, draft_vocab=0) -> list[dict]:
     rows = []
-    base = run_grid(pair, kinds, modes, 1, max_new, 1, contenders=("ours_plain",), log=log)
+    base = run_grid(pair, prompts, modes, 1, max_new, 1, contenders=("ours_plain",), log=log)
     base_tok_s = _median_tok_s(base)
     for g in gammas:
-        spec = run_grid(pair, kinds, modes, g, max_new, 1, contenders=("ours_spec",), log=log)
+        spec = run_grid(pair, prompts, modes, g, max_new, 1, contenders=("ours_spec",), log=log,
+                        draft_vocab=draft_vocab)
         drafted = sum(x.extra["drafted"] for x in spec)
         alpha = sum(x.extra["accepted"] for x in spec) / drafted
         measured = _median_tok_s(spec) / base_tok_s
@@ -218,16 +222,16 @@ def sweep(pair, gammas, kinds, modes, max_new, c, log) -> list[dict]:
     return rows
 
 
-def adaptive_compare(pair, kinds, modes, max_new, fixed, log) -> list[dict]:
+def adaptive_compare(pair, prompts, modes, max_new, fixed, log, draft_vocab=0) -> list[dict]:
     rows = []
     policies = [("fixed", g) for g in fixed] + [("heuristic", 4), ("confidence", 8)]
     for policy, g in policies:
         samples = []
         for mode in modes:
-            for kind in kinds:
-                for prompt in PROMPTS_SEL[kind]:
+            for kind, kind_prompts in prompts.items():
+                for prompt in kind_prompts:
                     s = DecodeSettings(gamma=g, max_new_tokens=max_new, sampling=_sampling(mode), chat=kind == "chat",
-                                       gamma_policy=policy)
+                                       gamma_policy=policy, draft_vocab=draft_vocab)
                     n, sec, extra = run_ours_spec(pair, prompt, s)
                     samples.append(Sample(f"{policy}-{g}", kind, mode, prompt, n, sec, extra))
         tokens, secs = sum(x.tokens for x in samples), sum(x.seconds for x in samples)
@@ -235,6 +239,31 @@ def adaptive_compare(pair, kinds, modes, max_new, fixed, log) -> list[dict]:
                      "alpha": sum(x.extra["accepted"] for x in samples) / sum(x.extra["drafted"] for x in samples)})
         log(f"  {policy:10s} gamma={g:2d}: {tokens / secs:.2f} tok/s over {len(samples)} runs")
     return rows
+
+
+def render_overhead(pair, prompts, max_new, gamma, log) -> dict:
+    """Stream rounds into the app's renderers (tokens, phases, stats, both charts every round: the worst case,
+    the app throttles charts to once a second) and compare render time with generation time."""
+    from components import pq_figure, render_phases, render_round, render_stats, speedup_figure
+
+    gen_ms = render_ms = 0.0
+    target_ms, draft_ms = step_costs(pair, n=4)
+    for kind, kind_prompts in prompts.items():
+        for prompt in kind_prompts:
+            dec = SpeculativeDecoder(pair, prompt, DecodeSettings(gamma=gamma, max_new_tokens=max_new,
+                                                                  sampling=_sampling("sampled"), chat=kind == "chat"))
+            for rnd in dec:
+                t0 = time.perf_counter()
+                render_round(rnd)
+                render_phases(rnd)
+                render_stats(dec.rounds, target_ms, draft_ms)
+                pq_figure(rnd, rnd.rejected_at or 0).to_json()
+                speedup_figure(dec.rounds, target_ms, draft_ms).to_json()
+                render_ms += (time.perf_counter() - t0) * 1e3
+                gen_ms += rnd.round_ms
+    frac = render_ms / gen_ms if gen_ms else 0.0
+    log(f"render overhead: {render_ms:.0f} ms rendering vs {gen_ms:.0f} ms generating = {frac:.2%}")
+    return {"render_ms": render_ms, "generation_ms": gen_ms, "fraction": frac}
 
 
 def cmd_bench(args) -> int:
@@ -245,28 +274,28 @@ def cmd_bench(args) -> int:
     modes = [m for m in args.modes.split(",") if m]
     max_new = args.max_new_tokens or (24 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 3)
-    PROMPTS_SEL.clear()
-    PROMPTS_SEL.update({k: PROMPTS[k][:1] if args.quick else PROMPTS[k] for k in kinds})
+    prompts = {k: PROMPTS[k][:1] if args.quick else PROMPTS[k] for k in kinds}
+    dv = args.draft_vocab
     pair = load_from_args(args)
     target_ms, draft_ms = step_costs(pair)
     c = draft_ms / target_ms
     log(f"step cost: target {target_ms:.1f} ms/token, draft {draft_ms:.1f} ms/token, c = {c:.3f}")
-    result = {"models": pair.describe(), "max_new_tokens": max_new, "repeats": repeats, "c": c,
+    result = {"models": pair.describe(), "draft_vocab": dv, "max_new_tokens": max_new, "repeats": repeats, "c": c,
               "target_ms": target_ms, "draft_ms": draft_ms, "torch_threads": torch.get_num_threads()}
     if args.sweep_gamma:
-        rows = sweep(pair, _parse_range(args.sweep_gamma), kinds, modes, max_new, c, log)
+        rows = sweep(pair, _parse_range(args.sweep_gamma), prompts, modes, max_new, c, log, dv)
         print(f"{'gamma':>5s} {'alpha':>6s} {'measured':>9s} {'predicted':>9s}")
         for r in rows:
             print(f"{r['gamma']:5d} {r['alpha']:6.3f} {r['measured_speedup']:9.2f} {r['predicted_speedup']:9.2f}")
         result["sweep"] = rows
     elif args.gamma == "auto":
-        rows = adaptive_compare(pair, kinds, modes, max_new, [2, 4, 6, 8], log)
+        rows = adaptive_compare(pair, prompts, modes, max_new, [2, 4, 6, 8], log, dv)
         for r in rows:
             print(f"{r['policy']:10s} gamma={r['gamma']:2d} {r['tok_s']:6.2f} tok/s  alpha={r['alpha']:.3f}")
         result["adaptive"] = rows
     else:
         gamma = int(args.gamma)
-        samples = run_grid(pair, kinds, modes, gamma, max_new, repeats, log=log)
+        samples = run_grid(pair, prompts, modes, gamma, max_new, repeats, log=log, draft_vocab=dv)
         groups = {}
         for mode in modes:
             for kind in kinds:
@@ -276,6 +305,9 @@ def cmd_bench(args) -> int:
         groups["all"] = summarize_group(samples, gamma, c)
         print_table(groups)
         result.update(gamma=gamma, groups=groups, samples=[x.__dict__ for x in samples])
+        result["render"] = render_overhead(pair, prompts, max_new, gamma, log)
+        print(f"render overhead (app components, charts every round): {result['render']['fraction']:.2%} of "
+              "generation time")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
