@@ -1,0 +1,207 @@
+"""specdec playground: watch speculative decoding happen round by round.
+
+Run `python app.py` and open http://localhost:7860. The server comes up at once and loads the model pair in a
+background thread (the page shows its progress). Environment:
+
+- GRADIO_SERVER_PORT (default 7860), GRADIO_SERVER_NAME (default 0.0.0.0)
+- SPECDEC_PAIR: the preset loaded at startup (default "default", the embedded Qwen2.5-Coder 1.5B + 0.5B pair;
+  "tiny" is the random-weight test pair)
+- SPECDEC_DTYPE / SPECDEC_DEVICE: passed to load_pair (default "auto")
+- SPECDEC_CONCURRENCY: decoding events that may run at once across all sessions (default 2)
+
+API (gradio_client): /generate streams one update per round, /step runs one round, /run_to_end continues the
+current run, /stop and /reset; all take the playground controls in the order of `control_inputs` below.
+
+This file is layout and wiring only: the engine lives in specdec/, rendering in components/, handlers in ui/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gradio as gr
+
+from components import empty_figure, render_legend, render_phases, render_stats, render_status
+from specdec.models import PAIRS
+from ui.learn_tab import build_learn_tab
+from ui.loader import PairLoader
+from ui.playground import Playground, env_request, guarded
+
+ROOT = Path(__file__).resolve().parent
+ASSETS = ROOT / "assets"
+GAMMA_MAX_UI = 12
+DEFAULTS = {"gamma": 4, "max_new_tokens": 64, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "seed": 0}
+
+# Clicking a token (in the token view or the round anatomy) points the p-vs-q chart at it; see Playground.select.
+TOKEN_CLICK_JS = """
+element.addEventListener('click', (e) => {
+  const chip = e.target.closest('.tok[data-r]');
+  if (!chip) return;
+  document.querySelectorAll('.tok.sel').forEach((t) => t.classList.remove('sel'));
+  chip.classList.add('sel');
+  trigger('click', {round: Number(chip.dataset.r), pos: Number(chip.dataset.p)});
+});
+"""
+
+HEADER = """
+<div class="sd-title">
+  <h1>specdec <span>playground</span></h1>
+  <p>A small <b>draft</b> model guesses γ tokens; the large <b>target</b> model checks them all in one forward pass,
+  keeps each guess with probability min(1, p/q), repairs the first rejection from max(0, p − q), and adds a bonus
+  token when every guess passes. The output follows the target's distribution exactly.</p>
+</div>
+"""
+
+KEYS_HINT = ('<div class="sd-keys">Keys (outside text fields): <kbd>S</kbd> step · <kbd>R</kbd> run to end · '
+             "<kbd>Esc</kbd> stop</div>")
+
+
+def load_examples() -> list[dict]:
+    return json.loads((ASSETS / "examples.json").read_text())
+
+
+def build_demo(pg: Playground) -> gr.Blocks:
+    examples = load_examples()
+    first = examples[0]
+    with gr.Blocks(title="specdec · speculative decoding playground") as demo:
+        session = gr.State(None)  # this browser tab's Session (decoder + rendered rounds), created on first use
+        recorded = gr.State(None)  # the last run's rounds for the Learn tab: {"rounds": [Round dicts], ...}
+        timer = gr.Timer(1.0, active=True)
+
+        with gr.Row(elem_id="sd-header", equal_height=True):
+            gr.HTML(HEADER, js_on_load=None, scale=3, min_width=320)
+            model = gr.HTML(pg.model_badge(None), elem_id="sd-model-badge", js_on_load=None, scale=2, min_width=280)
+
+        with gr.Tabs():
+            with gr.Tab("Playground", id="playground"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=4, min_width=300, elem_id="sd-controls"):
+                        prompt = gr.Textbox(first["prompt"], label="Prompt", lines=4, max_lines=14,
+                                            elem_id="sd-prompt")
+                        chat = gr.Checkbox(first["chat"], label="Chat mode (wrap the prompt in the chat template)",
+                                           elem_id="sd-chat")
+                        gr.Examples([[e["prompt"], e["chat"]] for e in examples], inputs=[prompt, chat],
+                                    example_labels=[e["label"] for e in examples], label="Example prompts")
+                        with gr.Row(elem_classes=["sd-buttons"]):
+                            gen_btn = gr.Button("Generate", variant="primary", elem_id="sd-generate", min_width=90)
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop", min_width=90)
+                        with gr.Row(elem_classes=["sd-buttons"]):
+                            step_btn = gr.Button("Step", elem_id="sd-step", min_width=70)
+                            run_btn = gr.Button("Run to end", elem_id="sd-run", min_width=90)
+                            reset_btn = gr.Button("Reset", elem_id="sd-reset", min_width=70)
+                        gr.HTML(KEYS_HINT, js_on_load=None)
+                        with gr.Accordion("Decoding settings", open=True):
+                            gamma = gr.Slider(1, GAMMA_MAX_UI, DEFAULTS["gamma"], step=1, precision=0,
+                                              label="γ — draft tokens per round", elem_id="sd-gamma")
+                            max_new = gr.Slider(1, 512, DEFAULTS["max_new_tokens"], step=1, precision=0,
+                                                label="Max new tokens", elem_id="sd-max-new")
+                            temperature = gr.Slider(0, 2, DEFAULTS["temperature"], step=0.05,
+                                                    label="Temperature (0 = greedy)", elem_id="sd-temperature")
+                            with gr.Row():
+                                top_k = gr.Number(DEFAULTS["top_k"], label="Top-k (0 = off)", precision=0, minimum=0,
+                                                  elem_id="sd-top-k", min_width=100)
+                                seed = gr.Number(DEFAULTS["seed"], label="Seed", precision=0, minimum=0,
+                                                 elem_id="sd-seed", min_width=100)
+                            top_p = gr.Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
+                                              elem_id="sd-top-p")
+                        with gr.Accordion("Models", open=False):
+                            pair = gr.Dropdown(list(PAIRS), value=pg.startup.name, label="Model pair (target + draft)",
+                                               info="tiny = random weights, for tests; hub pairs need internet access",
+                                               elem_id="sd-pair")
+                            target = gr.Textbox(label="Custom target (hub id or local folder)", elem_id="sd-target",
+                                                placeholder="leave empty to use the pair's target")
+                            draft = gr.Textbox(label="Custom draft (hub id or local folder)", elem_id="sd-draft",
+                                               placeholder="leave empty to use the pair's draft")
+
+                    with gr.Column(scale=8, min_width=300, elem_id="sd-main"):
+                        status = gr.HTML(render_status("info", "Press Generate to stream a run, or Step (S) to go one "
+                                                               "round at a time."),
+                                         elem_id="sd-status", js_on_load=None)
+                        gr.HTML(render_legend(), elem_id="sd-legend", js_on_load=None)
+                        # The wrapper lives in the template so the value only grows as rounds arrive, and Gradio
+                        # streams just the appended round instead of the whole view.
+                        tokens = gr.HTML("", html_template='<div class="sd-tokens">${value}</div>',
+                                         js_on_load=TOKEN_CLICK_JS, elem_id="sd-tokens", max_height=420,
+                                         autoscroll=True)
+                        phases = gr.HTML(render_phases(None), js_on_load=TOKEN_CLICK_JS, elem_id="sd-phases")
+                        stats = gr.HTML(render_stats([]), elem_id="sd-stats", js_on_load=None)
+                        with gr.Row(equal_height=False):
+                            with gr.Column(min_width=300):
+                                with gr.Row():
+                                    round_dd = gr.Dropdown([], label="Round", interactive=False, elem_id="sd-round",
+                                                           min_width=140)
+                                    pos_dd = gr.Dropdown([], label="Position", interactive=False, elem_id="sd-pos",
+                                                         min_width=140)
+                                pq_plot = gr.Plot(empty_figure("p vs q appears after the first round"),
+                                                  show_label=False, elem_id="sd-pq")
+                            with gr.Column(min_width=300):
+                                speed_plot = gr.Plot(empty_figure("speedup appears after the first round"),
+                                                     show_label=False, elem_id="sd-speed")
+                        text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
+                                          elem_id="sd-text")
+
+            with gr.Tab("Learn", id="learn"):
+                build_learn_tab(recorded, get_pair=pg.current_pair)
+
+        # ------------------------------------------------------------------------------------------ wiring
+        control_inputs = [prompt, chat, gamma, max_new, temperature, top_k, top_p, seed, pair, target, draft]
+        outputs = [session, status, tokens, phases, stats, pq_plot, speed_plot, round_dd, pos_dd, text, recorded,
+                   model]
+        assert len(outputs) == len(Playground.OUTPUTS)
+        decode = dict(outputs=outputs, show_progress="hidden", concurrency_id="decode",
+                      concurrency_limit=int(os.environ.get("SPECDEC_CONCURRENCY", "2")))
+        light = dict(show_progress="hidden", concurrency_limit=None)
+
+        # Stopping is cooperative, not Gradio's `cancels`: every action bumps Session.run_id and a running stream
+        # ends at its next round boundary, rendering Stop/Reset itself (see Playground.interrupted). Cancelling
+        # the task instead left the in-flight round running anyway and marked the outputs as errored.
+        gen_btn.click(guarded(pg.generate), [session, *control_inputs], api_name="generate", **decode)
+        run_btn.click(guarded(pg.run_to_end), [session, *control_inputs], api_name="run_to_end", **decode)
+        step_btn.click(guarded(pg.step), [session, *control_inputs], api_name="step", **decode)
+        stop_btn.click(guarded(pg.stop), [session], outputs, api_name="stop", **light)
+        reset_btn.click(guarded(pg.reset), [session], outputs, api_name="reset", **light)
+
+        chart = [round_dd, pos_dd, pq_plot]
+        tokens.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)
+        phases.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)
+        round_dd.input(guarded(pg.select_round, 3), [session, round_dd], chart, api_visibility="private", **light)
+        pos_dd.input(guarded(pg.select, 3), [session, round_dd, pos_dd], chart, api_visibility="private", **light)
+
+        timer.tick(pg.model_tick, [pair, target, draft], [model, timer], api_visibility="private", **light)
+        demo.load(pg.model_tick, [pair, target, draft], [model, timer], api_visibility="private", **light)
+        pair.input(pg.preload, [pair], [model, timer], api_visibility="private", **light)
+    return demo
+
+
+def theme() -> gr.Theme:
+    # System fonts only: the app must work offline, and Google-hosted theme fonts would stall on every load.
+    return gr.themes.Soft(
+        primary_hue="indigo",
+        neutral_hue="slate",
+        font=["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
+        font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
+    )
+
+
+def main() -> None:
+    loader = PairLoader(dtype=os.environ.get("SPECDEC_DTYPE", "auto"), device=os.environ.get("SPECDEC_DEVICE", "auto"))
+    loader.quiet.clear()  # time the models only once the server is up (see PairLoader.quiet)
+    pg = Playground(loader, env_request())  # starts loading the startup pair in the background right away
+    demo = build_demo(pg)
+    demo.queue(default_concurrency_limit=int(os.environ.get("SPECDEC_CONCURRENCY", "2")))
+    demo.launch(
+        prevent_thread_lock=True,
+        server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        theme=theme(),
+        css_paths=[ASSETS / "style.css"],
+        head=f"<script>{(ASSETS / 'app.js').read_text()}</script>",
+    )
+    loader.quiet.set()
+    demo.block_thread()
+
+
+if __name__ == "__main__":
+    main()

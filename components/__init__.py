@@ -1,0 +1,27 @@
+"""Pure renderers from Round events to HTML strings and Plotly figures; no Gradio in here.
+
+The app wires these to components; tests call them directly on recorded or hand-built rounds.
+"""
+
+from .charts import empty_figure, pq_candidates, pq_figure, speedup_figure, speedup_series
+from .phases import render_phases
+from .stats import render_model_status, render_stats, render_status
+from .tokens import render_legend, render_prompt, render_round, render_tokens, round_chips, visible_piece
+
+__all__ = [
+    "empty_figure",
+    "pq_candidates",
+    "pq_figure",
+    "render_legend",
+    "render_model_status",
+    "render_phases",
+    "render_prompt",
+    "render_round",
+    "render_stats",
+    "render_status",
+    "render_tokens",
+    "round_chips",
+    "speedup_figure",
+    "speedup_series",
+    "visible_piece",
+]

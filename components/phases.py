@@ -1,0 +1,119 @@
+"""Round anatomy: one Round drawn as its four phases, draft → verify → accept/reject → repair or bonus.
+
+Shown for the latest round; in step mode it is the main view of what a single round does. The cards fade in one
+after another (CSS), in the order the phases run.
+"""
+
+from __future__ import annotations
+
+import html
+
+from specdec.events import Round
+
+from .tokens import BONUS, REPAIRED, fmt_prob, quoted, visible_piece
+
+
+def _chip(kind: str, piece: str, round_index: int, position: int) -> str:
+    return (f'<span class="tok tok-{kind}" data-r="{round_index}" data-p="{position}">'
+            f"{html.escape(visible_piece(piece))}</span>")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * max(0.0, min(1.0, x)):.1f}%"
+
+
+def _card(step: int, title: str, subtitle: str, body: str) -> str:
+    return (
+        f'<div class="sd-phase" style="--ph:{step - 1}"><div class="sd-phase-head"><span class="sd-phase-n">{step}</span>'
+        f'<span class="sd-phase-title">{html.escape(title)}</span></div>'
+        f'<div class="sd-phase-sub">{html.escape(subtitle)}</div><div class="sd-phase-body">{body}</div></div>'
+    )
+
+
+def _draft_card(rnd: Round) -> str:
+    rows = "".join(
+        f'<div class="sd-row">{_chip("draft", rnd.draft_pieces[i], rnd.index, i)}'
+        f'<span class="sd-num">q = {fmt_prob(rnd.q_draft[i])}</span></div>'
+        for i in range(rnd.gamma)
+    )
+    sub = f"the draft model guessed {rnd.gamma} tokens one by one ({rnd.draft_ms:.0f} ms)"
+    return _card(1, "Draft", sub, rows)
+
+
+def _verify_card(rnd: Round) -> str:
+    rows = []
+    for i in range(rnd.gamma):
+        p, q = rnd.p_draft[i], rnd.q_draft[i]
+        rows.append(
+            f'<div class="sd-row">{_chip("draft", rnd.draft_pieces[i], rnd.index, i)}'
+            f'<span class="sd-bars" title="p = {fmt_prob(p)}, q = {fmt_prob(q)}">'
+            f'<span class="sd-bar sd-bar-p" style="width:{_pct(p)}"></span>'
+            f'<span class="sd-bar sd-bar-q" style="width:{_pct(q)}"></span></span>'
+            f'<span class="sd-num">p = {fmt_prob(p)}</span></div>'
+        )
+    rows.append(f'<div class="sd-row sd-muted">+ row {rnd.gamma}: p for the token after the last guess</div>')
+    sub = f"the target scored all {rnd.gamma + 1} positions in one forward pass ({rnd.verify_ms:.0f} ms)"
+    return _card(2, "Verify", sub, "".join(rows))
+
+
+def _accept_card(rnd: Round) -> str:
+    rows = []
+    for i in range(rnd.gamma):
+        a, u = rnd.accept_probs[i], rnd.uniforms[i]
+        if rnd.rejected_at is not None and i > rnd.rejected_at:
+            rows.append(f'<div class="sd-row sd-muted">{_chip("disc", rnd.draft_pieces[i], rnd.index, i)}'
+                        f'<span class="sd-verdict">not tested — discarded</span></div>')
+            continue
+        kept = i < rnd.n_accepted
+        kind, sign, word, mark = ("acc", "<", "keep", "✓") if kept else ("rej", "≥", "reject", "✗")
+        gauge = (f'<span class="sd-gauge">'
+                 f'<span class="sd-gauge-fill" style="width:{_pct(a)}"></span>'
+                 f'<span class="sd-gauge-tick sd-gauge-{kind}" style="left:{_pct(u)}"></span></span>')
+        # Short enough for a quarter-width card; the row's tooltip spells it out.
+        full = f"u = {fmt_prob(u)} {sign} min(1, p/q) = {fmt_prob(a)} → {word} (the tick is u, the bar min(1, p/q))"
+        rows.append(f'<div class="sd-row" title="{html.escape(full, quote=True)}">'
+                    f'{_chip(kind, rnd.draft_pieces[i], rnd.index, i)}{gauge}'
+                    f'<span class="sd-verdict sd-verdict-{kind}">{fmt_prob(u)} {sign} {fmt_prob(a)} {mark}</span></div>')
+    sub = "draw u ~ U(0,1) per guess; keep it iff u < min(1, p/q) (the tick must land inside the bar)"
+    return _card(3, "Accept / reject", sub, "".join(rows))
+
+
+def _emit_card(rnd: Round) -> str:
+    k = rnd.n_accepted
+    if rnd.is_bonus:
+        title = "Bonus"
+        sub = f"all {rnd.gamma} guesses kept, so the target's p at position {k} gives one more token for free"
+        kind = BONUS
+    else:
+        title = "Repair"
+        sub = f"guess {k} was rejected: resample position {k} from normalize(max(0, p − q))"
+        kind = REPAIRED
+    committed = "".join(_chip(("acc" if n < k else kind), piece, rnd.index, n)
+                        for n, piece in enumerate(rnd.committed_pieces))
+    body = (
+        f'<div class="sd-row">{_chip(kind, rnd.emitted_piece, rnd.index, k)}'
+        f'<span class="sd-num">p = {fmt_prob(rnd.emitted_p)}</span></div>'
+        f'<div class="sd-row sd-commit">committed {len(rnd.committed_ids)} token'
+        f'{"s" if len(rnd.committed_ids) != 1 else ""} for 1 target pass: {committed}</div>'
+    )
+    if rnd.stop_reason:
+        reason = "end of text" if rnd.stop_reason == "eos" else "token limit reached"
+        body += f'<div class="sd-row sd-muted">generation stopped: {reason}</div>'
+    return _card(4, title, sub, body)
+
+
+def render_phases(rnd: Round | None) -> str:
+    """The four phase cards of one round, or an explanation of them before the first round."""
+    if rnd is None:
+        return (
+            '<div class="sd-phases-empty">Each round has four phases: the small <b>draft</b> model guesses γ tokens, '
+            "the big <b>target</b> model <b>verifies</b> all of them in one pass, each guess is <b>accepted or "
+            "rejected</b> by comparing p and q, and one <b>repaired or bonus</b> token is added. Press <b>Step</b> "
+            "(or the <kbd>S</kbd> key) to run one round.</div>"
+        )
+    head = (f'<div class="sd-phases-title">Round {rnd.index + 1} at token {rnd.position} · γ = {rnd.gamma} · '
+            f'{rnd.n_accepted}/{rnd.gamma} accepted · {html.escape(quoted(rnd.emitted_piece))} '
+            f'{"bonus" if rnd.is_bonus else "repaired"}</div>')
+    cards = _draft_card(rnd) + _verify_card(rnd) + _accept_card(rnd) + _emit_card(rnd)
+    # data-r changes every round, so the browser re-creates the cards and replays their entrance animation.
+    return f'{head}<div class="sd-phases" data-r="{rnd.index}">{cards}</div>'

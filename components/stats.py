@@ -1,0 +1,87 @@
+"""Stats panel and status messages as HTML strings."""
+
+from __future__ import annotations
+
+import html
+
+from specdec.events import Round
+from specdec.metrics import RunMetrics, summarize
+
+
+def run_metrics(rounds: list[Round], target_ms: float | None, draft_ms: float | None) -> RunMetrics:
+    return summarize(rounds, target_ms, draft_ms)
+
+
+def passes_saved(m: RunMetrics) -> int:
+    """Target forward passes plain decoding would have needed beyond ours: one per token vs one per round."""
+    return m.generated - m.rounds
+
+
+def _stat(label: str, value: str, hint: str, key: str) -> str:
+    return (f'<div class="sd-stat" data-stat="{key}" title="{html.escape(hint, quote=True)}">'
+            f'<div class="sd-stat-value">{html.escape(value)}</div>'
+            f'<div class="sd-stat-label">{html.escape(label)}</div></div>')
+
+
+def _per_position(m: RunMetrics) -> str:
+    if not m.per_position_acceptance:
+        return ""
+    bars = "".join(
+        f'<span class="sd-pp" title="draft position {i}: kept in {100 * a:.0f}% of rounds that drafted it">'
+        f'<span class="sd-pp-fill" style="height:{100 * a:.0f}%"></span><span class="sd-pp-i">{i}</span></span>'
+        for i, a in enumerate(m.per_position_acceptance)
+    )
+    return (f'<div class="sd-pp-wrap"><div class="sd-stat-label">acceptance by draft position</div>'
+            f'<div class="sd-pp-row">{bars}</div></div>')
+
+
+def render_stats(rounds: list[Round], target_ms: float | None = None, draft_ms: float | None = None) -> str:
+    """Acceptance, tokens per round, tok/s, passes saved, measured and predicted speedup."""
+    if not rounds:
+        return '<div class="sd-stats sd-stats-empty">Stats appear after the first round.</div>'
+    m = run_metrics(rounds, target_ms, draft_ms)
+    cells = [
+        _stat("acceptance rate α", f"{100 * m.acceptance_rate:.0f}%",
+              f"{m.accepted} of {m.drafted} draft tokens kept", "acceptance"),
+        _stat("tokens per round", f"{m.tokens_per_round:.2f}",
+              "committed tokens per round, counting the repaired or bonus token (1 to γ+1)", "tokens_per_round"),
+        _stat("tokens / s", f"{m.tok_s:.1f}",
+              "speculative throughput over round wall time (prefill excluded)"
+              + (f"; plain target decoding: {m.baseline_tok_s:.1f} tok/s" if m.baseline_tok_s else ""), "tok_s"),
+        _stat("target passes saved", f"{passes_saved(m)}",
+              f"{m.generated} tokens generated with {m.rounds} target passes (plain decoding needs one per token)",
+              "passes_saved"),
+    ]
+    if m.speedup is not None:
+        cells.append(_stat("measured speedup", f"{m.speedup:.2f}×",
+                           "speculative tok/s ÷ plain target tok/s, both measured on this machine", "speedup"))
+    if m.predicted_speedup is not None:
+        cells.append(_stat("predicted speedup", f"{m.predicted_speedup:.2f}×",
+                           f"Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with α = {m.acceptance_rate:.2f}, "
+                           f"γ = {round(m.mean_gamma)}, c = {m.c:.2f}", "predicted"))
+    foot = f"{m.rounds} rounds · {m.generated} tokens"
+    if m.c is not None:
+        foot += f" · c = draft/target step cost = {m.c:.2f}"
+    return (f'<div class="sd-stats"><div class="sd-stat-grid">{"".join(cells)}</div>{_per_position(m)}'
+            f'<div class="sd-stats-foot">{html.escape(foot)}</div></div>')
+
+
+STATUS_KINDS = ("info", "busy", "ok", "error")
+
+
+def render_status(kind: str, message: str) -> str:
+    """A one-line status box; kind picks the colour (info, busy, ok, error)."""
+    if kind not in STATUS_KINDS:
+        kind = "info"
+    return f'<div class="sd-status sd-status-{kind}" role="status">{html.escape(message)}</div>'
+
+
+def render_model_status(state: str, message: str, details: dict | None = None) -> str:
+    """The model badge in the header: loading progress, ready (with pair details), or a load error."""
+    kind = {"loading": "busy", "ready": "ok", "error": "error"}.get(state, "info")
+    extra = ""
+    if details:
+        extra = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in details.items())
+        extra = f'<span class="sd-model-details">{extra}</span>'
+    return (f'<div class="sd-model sd-status-{kind}" data-state="{html.escape(state)}">'
+            f'<span class="sd-model-msg">{html.escape(message)}</span>{extra}</div>')

@@ -1,0 +1,173 @@
+"""Token view: each Round becomes a run of coloured chips.
+
+A round reads left to right as it happened: accepted draft tokens, then (at a rejection) the rejected guess struck
+through, the repaired token in its place and the later guesses that were thrown away untested; or, when every guess
+passed, the bonus token. Every chip carries p, q, min(1, p/q) and u in its tooltip and its round/position in data
+attributes, so a click can point the p-vs-q chart at it.
+
+Everything a model produced is passed through html.escape: token pieces are untrusted text.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from specdec.events import Round
+
+# Chip kinds double as CSS classes (tok-<kind>); tests and the browser rely on these names.
+ACCEPTED, REJECTED, REPAIRED, DISCARDED, BONUS, CUT = "acc", "rej", "rep", "disc", "bonus", "cut"
+KIND_LABELS = {
+    ACCEPTED: "accepted draft",
+    REJECTED: "rejected draft",
+    REPAIRED: "repaired (resampled)",
+    DISCARDED: "discarded guess",
+    BONUS: "bonus token",
+    CUT: "not committed (after end of text)",
+}
+# Whitespace would be invisible inside a chip, so it is drawn with stand-in glyphs.
+WHITESPACE_GLYPHS = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
+EMPTY_PIECE = "∅"  # a token that decodes to nothing (special or partial byte token)
+
+
+def visible_piece(piece: str) -> str:
+    """The piece with whitespace made visible (not yet escaped)."""
+    if piece == "":
+        return EMPTY_PIECE
+    return "".join(WHITESPACE_GLYPHS.get(ch, ch) for ch in piece)
+
+
+def quoted(piece: str) -> str:
+    return f"“{visible_piece(piece)}”"
+
+
+def fmt_prob(x: float | None) -> str:
+    if x is None:
+        return "?"
+    if x == 0:
+        return "0"
+    return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
+
+
+@dataclass
+class Chip:
+    kind: str
+    piece: str
+    position: int  # index within the round: draft i, or n_accepted for the repaired/bonus token
+    tooltip: str
+    newline_after: int = 0  # line breaks to draw after a committed chip that ends a line
+
+
+def _draft_tooltip(rnd: Round, i: int, verdict: str) -> str:
+    p, q, a, u = rnd.p_draft[i], rnd.q_draft[i], rnd.accept_probs[i], rnd.uniforms[i]
+    lines = [
+        f"round {rnd.index + 1} · draft position {i}: {quoted(rnd.draft_pieces[i])}",
+        f"q (draft) = {fmt_prob(q)}   p (target) = {fmt_prob(p)}",
+        f"min(1, p/q) = {fmt_prob(a)}",
+    ]
+    if verdict == ACCEPTED:
+        lines.append(f"u = {fmt_prob(u)} < {fmt_prob(a)}  →  accepted")
+    elif verdict == REJECTED:
+        lines.append(f"u = {fmt_prob(u)} ≥ {fmt_prob(a)}  →  rejected")
+    elif verdict == DISCARDED:
+        lines.append(f"u = {fmt_prob(u)} (never used: an earlier guess was rejected, so this one was discarded)")
+    else:
+        lines.append(f"u = {fmt_prob(u)} < {fmt_prob(a)}  →  accepted, but generation ended before it")
+    return "\n".join(lines)
+
+
+def _emitted_tooltip(rnd: Round) -> str:
+    k = rnd.n_accepted
+    head = f"round {rnd.index + 1} · position {k}: {quoted(rnd.emitted_piece)}"
+    if rnd.is_bonus:
+        return "\n".join([
+            head,
+            f"bonus token: all {rnd.gamma} guesses were accepted, so the target's own next-token",
+            f"distribution p at position {k} (already computed in the verify pass) was sampled for free",
+            f"p (target) = {fmt_prob(rnd.emitted_p)}",
+        ])
+    residual = next((t.prob for t in rnd.residual_top or [] if t.id == rnd.emitted_id), None)
+    lines = [
+        head,
+        f"repaired token: sampled from normalize(max(0, p − q)) at position {k}",
+        f"p (target) = {fmt_prob(rnd.emitted_p)}",
+    ]
+    if residual is not None:
+        lines.append(f"residual probability = {fmt_prob(residual)}")
+    return "\n".join(lines)
+
+
+def _newlines(piece: str) -> int:
+    return min(piece.count("\n"), 2)
+
+
+def round_chips(rnd: Round) -> list[Chip]:
+    """The chips of one round in display order, with the kind of each."""
+    n_committed = len(rnd.committed_ids)
+    rej = rnd.rejected_at
+    chips: list[Chip] = []
+    for i in range(rnd.gamma):
+        if rej is not None and i == rej:
+            chips.append(Chip(REJECTED, rnd.draft_pieces[i], i, _draft_tooltip(rnd, i, REJECTED)))
+            chips.append(_emitted_chip(rnd, n_committed))
+        elif rej is not None and i > rej:
+            chips.append(Chip(DISCARDED, rnd.draft_pieces[i], i, _draft_tooltip(rnd, i, DISCARDED)))
+        else:
+            kind = ACCEPTED if i < n_committed else CUT
+            piece = rnd.draft_pieces[i]
+            chips.append(Chip(kind, piece, i, _draft_tooltip(rnd, i, kind), _newlines(piece) if kind == ACCEPTED else 0))
+    if rej is None:
+        chips.append(_emitted_chip(rnd, n_committed))
+    return chips
+
+
+def _emitted_chip(rnd: Round, n_committed: int) -> Chip:
+    kind = BONUS if rnd.is_bonus else REPAIRED
+    committed = rnd.n_accepted < n_committed  # EOS or the token budget can cut the round before it
+    tooltip = _emitted_tooltip(rnd) + ("" if committed else "\n(not committed: generation ended before it)")
+    return Chip(kind if committed else CUT, rnd.emitted_piece, rnd.n_accepted, tooltip,
+                _newlines(rnd.emitted_piece) if committed else 0)
+
+
+def chip_html(chip: Chip, round_index: int, order: int) -> str:
+    text = html.escape(visible_piece(chip.piece))
+    title = html.escape(chip.tooltip, quote=True)
+    br = "<br>" * chip.newline_after
+    return (
+        f'<span class="tok tok-{chip.kind}" style="--i:{order}" data-r="{round_index}" data-p="{chip.position}" '
+        f'title="{title}">{text}</span>{br}'
+    )
+
+
+def render_round(rnd: Round) -> str:
+    """One round as a <span class="rnd">; rounds are immutable, so callers may cache this string."""
+    chips = "".join(chip_html(c, rnd.index, k) for k, c in enumerate(round_chips(rnd)))
+    return f'<span class="rnd" data-r="{rnd.index}">{chips}</span>'
+
+
+def render_prompt(prompt: str, max_chars: int = 400) -> str:
+    """The prompt, shortened from the left, in muted text before the generated tokens."""
+    text = prompt if len(prompt) <= max_chars else "…" + prompt[-max_chars:]
+    return f'<span class="sd-prompt" title="prompt">{html.escape(text)}</span>'
+
+
+def render_tokens(rounds: list[Round], prompt: str = "") -> str:
+    """The token view body: the prompt, then every round. Append-only as rounds arrive, so streams stay small."""
+    return (render_prompt(prompt) if prompt else "") + "".join(render_round(r) for r in rounds)
+
+
+def render_legend() -> str:
+    samples = [
+        ("draft", "x", "a draft guess as it arrives"),
+        (ACCEPTED, "x", KIND_LABELS[ACCEPTED]),
+        (REJECTED, "x", KIND_LABELS[REJECTED]),
+        (REPAIRED, "y", KIND_LABELS[REPAIRED]),
+        (DISCARDED, "z", KIND_LABELS[DISCARDED]),
+        (BONUS, "b", KIND_LABELS[BONUS]),
+    ]
+    items = "".join(
+        f'<span class="sd-legend-item"><span class="tok tok-{k}">{html.escape(t)}</span>{html.escape(label)}</span>'
+        for k, t, label in samples
+    )
+    hint = "hover a token for p, q, min(1, p/q) and u · click it to chart p vs q · · = space, ↵ = newline"
+    return f'<div class="sd-legend">{items}<span class="sd-legend-hint">{html.escape(hint)}</span></div>'
