@@ -107,7 +107,8 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             top_p = gr.Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
                                               elem_id="sd-top-p")
                         with gr.Accordion("Models", open=False):
-                            pair = gr.Dropdown(list(PAIRS), value=pg.startup.name, label="Model pair (target + draft)",
+                            pair = gr.Dropdown(list(PAIRS), label="Model pair (target + draft)",
+                                               value=pg.startup.name if pg.startup.name in PAIRS else "default",
                                                info="tiny = random weights, for tests; hub pairs need internet access",
                                                elem_id="sd-pair")
                             target = gr.Textbox(label="Custom target (hub id or local folder)", elem_id="sd-target",
@@ -159,7 +160,9 @@ def build_demo(pg: Playground) -> gr.Blocks:
         # the task instead left the in-flight round running anyway and marked the outputs as errored.
         gen_btn.click(guarded(pg.generate), [session, *control_inputs], api_name="generate", **decode)
         run_btn.click(guarded(pg.run_to_end), [session, *control_inputs], api_name="run_to_end", **decode)
-        step_btn.click(guarded(pg.step), [session, *control_inputs], api_name="step", **decode)
+        # "multiple": every press is one round, even while the previous one is still running
+        step_btn.click(guarded(pg.step), [session, *control_inputs], api_name="step", trigger_mode="multiple",
+                       **decode)
         stop_btn.click(guarded(pg.stop), [session], outputs, api_name="stop", **light)
         reset_btn.click(guarded(pg.reset), [session], outputs, api_name="reset", **light)
 

@@ -32,6 +32,7 @@ COLORS = {
     "text": "#8a8f99",
 }
 OTHER = "other"
+MAX_BARS = 12  # candidates charted per position; the rest of the mass goes to "other" (keeps labels legible)
 
 
 @dataclass
@@ -67,7 +68,7 @@ def position_roles(rnd: Round, position: int) -> dict:
     return out
 
 
-def pq_candidates(rnd: Round, position: int) -> list[Candidate]:
+def pq_candidates(rnd: Round, position: int, max_bars: int = MAX_BARS) -> list[Candidate]:
     """Tokens to chart at one position (union of p's and q's top lists, drafted, emitted, residual), then "other"."""
     if not 0 <= position <= rnd.gamma:
         raise ValueError(f"position {position} is outside round {rnd.index} (0..{rnd.gamma})")
@@ -110,12 +111,23 @@ def pq_candidates(rnd: Round, position: int) -> list[Candidate]:
         if rv is None and position == rnd.rejected_at and pv is not None and qv is not None and pv <= qv:
             rv = 0.0  # max(0, p - q) is exactly 0 where q covers p
         cands.append(Candidate(i, visible_piece(pieces[i]), pv, qv, rv, role(i)))
-    cands.sort(key=lambda c: -(c.p if c.p is not None else -1.0))
+    cands = _most_telling(cands, max_bars)
     _dedupe_labels(cands)
     p_shown = sum(c.p for c in cands if c.p is not None)
     q_shown = sum(c.q for c in cands if c.q is not None)
     cands.append(Candidate(None, OTHER, max(0.0, 1.0 - p_shown), 0.0 if q_known_zero else max(0.0, 1.0 - q_shown)))
     return cands
+
+
+def _most_telling(cands: list[Candidate], max_bars: int) -> list[Candidate]:
+    """The drafted/emitted tokens and the target's favourite, then the largest others (by their biggest known
+    value), sorted by p."""
+    size = lambda c: max(v for v in (c.p, c.q, c.residual, 0.0) if v is not None)  # noqa: E731
+    favourite = max(cands, key=lambda c: c.p if c.p is not None else -1.0, default=None)
+    keep = [c for c in cands if c.role or c is favourite]
+    rest = [c for c in cands if not (c.role or c is favourite)]
+    keep += sorted(rest, key=size, reverse=True)[: max(0, max_bars - len(keep))]
+    return sorted(keep, key=lambda c: -(c.p if c.p is not None else -1.0))
 
 
 def _dedupe_labels(cands: list[Candidate]) -> None:
@@ -189,9 +201,10 @@ def pq_figure(rnd: Round, position: int, height: int = 380) -> go.Figure:
         traces.append({"type": "bar", "name": "residual ∝ max(0, p−q)", "x": x, "y": [c.residual for c in cands],
                        "marker": {"color": COLORS["residual"]},
                        "hovertemplate": "repair distribution(%{x}) = %{y:.4f}<extra></extra>"})
+    width = max(10, min(30, 240 // len(cands)))  # the dash spans a category's bar group
     traces.append({"type": "scatter", "name": "kept: min(p, q)", "x": x, "y": [c.kept for c in cands],
                    "mode": "markers", "hovertemplate": "min(p, q) = %{y:.4f}<extra></extra>",
-                   "marker": {"symbol": "line-ew-open", "size": 30, "line": {"width": 3, "color": COLORS["kept"]}}})
+                   "marker": {"symbol": "line-ew-open", "size": width, "line": {"width": 3, "color": COLORS["kept"]}}})
     notes = []
     for c in cands:
         if c.role:
@@ -202,7 +215,7 @@ def pq_figure(rnd: Round, position: int, height: int = 380) -> go.Figure:
     return _figure(
         traces, pq_title(rnd, position), height,
         barmode="group", bargap=0.25, bargroupgap=0.05, annotations=notes,
-        xaxis=_axis(type="category", tickangle=0, automargin=True),
+        xaxis=_axis(type="category", tickangle=0 if len(cands) <= 7 else -45, automargin=True),
         yaxis=_axis(title={"text": "probability"}, rangemode="tozero"),
     )
 
@@ -247,16 +260,15 @@ def speedup_figure(rounds: list[Round], target_ms: float | None, draft_ms: float
                        "y": s["predicted"], "mode": "lines", "line": {"color": COLORS["predicted"], "width": 2,
                                                                        "dash": "dash"},
                        "hovertemplate": "after round %{x}: predicted %{y:.2f}×<extra></extra>"})
-    plain = {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 1, "y1": 1,
-             "line": {"color": COLORS["text"], "width": 1, "dash": "dot"}}
-    plain_note = {"text": "plain decoding = 1×", "xref": "paper", "x": 0, "xanchor": "left", "y": 1,
-                  "yanchor": "bottom", "showarrow": False, "font": {"size": 10, "color": COLORS["text"]}}
+    n = len(s["round"])
+    traces.append({"type": "scatter", "name": "plain decoding = 1×", "x": [0.5, n + 0.5], "y": [1, 1],
+                   "mode": "lines", "hoverinfo": "skip", "line": {"color": COLORS["text"], "width": 1, "dash": "dot"}})
     title = "Speedup vs plain decoding on this machine"
     if s["measured"] is None:
         title += "<br><span style='font-size:11px'>measuring the models' step costs…</span>"
     return _figure(
-        traces, title, height, shapes=[plain], annotations=[plain_note],
-        xaxis=_axis(title={"text": "round"}, dtick=max(1, len(rounds) // 10)),
+        traces, title, height,
+        xaxis=_axis(title={"text": "round"}, dtick=max(1, len(rounds) // 10), range=[0.5, n + 0.5]),
         yaxis=_axis(title={"text": "tokens per pass  /  speedup ×"}, rangemode="tozero"),
     )
 

@@ -18,6 +18,13 @@ def _chip(kind: str, piece: str, round_index: int, position: int) -> str:
             f"{html.escape(visible_piece(piece))}</span>")
 
 
+def _row(chip: str, cell: str, title: str = "") -> str:
+    """A chip on the left, its numbers on the right; the right side wraps under itself, never under the chip,
+    so in a narrow card each line still clearly belongs to its token."""
+    t = f' title="{html.escape(title, quote=True)}"' if title else ""
+    return f'<div class="sd-row sd-row2"{t}>{chip}<div class="sd-cell">{cell}</div></div>'
+
+
 def _pct(x: float) -> str:
     return f"{100 * max(0.0, min(1.0, x)):.1f}%"
 
@@ -44,13 +51,13 @@ def _verify_card(rnd: Round) -> str:
     rows = []
     for i in range(rnd.gamma):
         p, q = rnd.p_draft[i], rnd.q_draft[i]
-        rows.append(
-            f'<div class="sd-row">{_chip("draft", rnd.draft_pieces[i], rnd.index, i)}'
-            f'<span class="sd-bars" title="p = {fmt_prob(p)}, q = {fmt_prob(q)}">'
+        rows.append(_row(
+            _chip("draft", rnd.draft_pieces[i], rnd.index, i),
+            f'<span class="sd-bars" title="p = {fmt_prob(p)} (purple), q = {fmt_prob(q)} (blue)">'
             f'<span class="sd-bar sd-bar-p" style="width:{_pct(p)}"></span>'
             f'<span class="sd-bar sd-bar-q" style="width:{_pct(q)}"></span></span>'
-            f'<span class="sd-num">p = {fmt_prob(p)}</span></div>'
-        )
+            f'<span class="sd-num">p = {fmt_prob(p)}</span>',
+        ))
     rows.append(f'<div class="sd-row sd-muted">+ row {rnd.gamma}: p for the token after the last guess</div>')
     sub = f"the target scored all {rnd.gamma + 1} positions in one forward pass ({rnd.verify_ms:.0f} ms)"
     return _card(2, "Verify", sub, "".join(rows))
@@ -61,8 +68,8 @@ def _accept_card(rnd: Round) -> str:
     for i in range(rnd.gamma):
         a, u = rnd.accept_probs[i], rnd.uniforms[i]
         if rnd.rejected_at is not None and i > rnd.rejected_at:
-            rows.append(f'<div class="sd-row sd-muted">{_chip("disc", rnd.draft_pieces[i], rnd.index, i)}'
-                        f'<span class="sd-verdict">not tested — discarded</span></div>')
+            rows.append(_row(_chip("disc", rnd.draft_pieces[i], rnd.index, i),
+                             '<span class="sd-verdict sd-muted">not tested — discarded</span>'))
             continue
         kept = i < rnd.n_accepted
         kind, sign, word, mark = ("acc", "<", "keep", "✓") if kept else ("rej", "≥", "reject", "✗")
@@ -71,9 +78,9 @@ def _accept_card(rnd: Round) -> str:
                  f'<span class="sd-gauge-tick sd-gauge-{kind}" style="left:{_pct(u)}"></span></span>')
         # Short enough for a quarter-width card; the row's tooltip spells it out.
         full = f"u = {fmt_prob(u)} {sign} min(1, p/q) = {fmt_prob(a)} → {word} (the tick is u, the bar min(1, p/q))"
-        rows.append(f'<div class="sd-row" title="{html.escape(full, quote=True)}">'
-                    f'{_chip(kind, rnd.draft_pieces[i], rnd.index, i)}{gauge}'
-                    f'<span class="sd-verdict sd-verdict-{kind}">{fmt_prob(u)} {sign} {fmt_prob(a)} {mark}</span></div>')
+        rows.append(_row(_chip(kind, rnd.draft_pieces[i], rnd.index, i),
+                         f'{gauge}<span class="sd-verdict sd-verdict-{kind}">{fmt_prob(u)} {sign} {fmt_prob(a)} {mark}</span>',
+                         title=full))
     sub = "draw u ~ U(0,1) per guess; keep it iff u < min(1, p/q) (the tick must land inside the bar)"
     return _card(3, "Accept / reject", sub, "".join(rows))
 

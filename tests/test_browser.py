@@ -127,6 +127,11 @@ def test_generate_streams_rounds_then_step_adds_exactly_one(page, app_url):
     page.keyboard.press("s")
     assert wait_status(page, f"Stepped round {n + 2}").startswith(f"Stepped round {n + 2}:")
     assert page.locator(ROUNDS).count() == n + 2
+    # presses faster than rounds queue up: two presses, two rounds
+    page.keyboard.press("s")
+    page.keyboard.press("s")
+    wait_status(page, f"Stepped round {n + 4}")
+    assert page.locator(ROUNDS).count() == n + 4
     settle(page)
     page.screenshot(path=str(ARTIFACTS / "playground-light.png"), full_page=True)
 

@@ -274,13 +274,16 @@ def test_pq_figures_match_recorded_rounds(recorded):
             if pos < r.gamma:
                 i = ids.index(r.draft_ids[pos])
                 assert p.y[i] == pytest.approx(r.p_draft[pos]) and q.y[i] == pytest.approx(r.q_draft[pos])
+            assert r.p_top[pos][0].id in ids  # the target's favourite is always charted
             for t in r.p_top[pos]:
-                assert p.y[ids.index(t.id)] == pytest.approx(t.prob)
+                if t.id in ids:
+                    assert p.y[ids.index(t.id)] == pytest.approx(t.prob)
             assert sum(v for v in p.y if v is not None) == pytest.approx(1.0, abs=1e-4)
             if pos == r.rejected_at:
                 res = trace(fig, "residual")
                 for t in r.residual_top:
-                    assert res.y[ids.index(t.id)] == pytest.approx(t.prob)
+                    if t.id in ids:
+                        assert res.y[ids.index(t.id)] == pytest.approx(t.prob)
 
 
 def test_pq_labels_are_escaped_for_plotly(reject_midway):
@@ -288,6 +291,17 @@ def test_pq_labels_are_escaped_for_plotly(reject_midway):
     labels = list(trace(fig, "p (").x)
     assert html.escape(visible_piece(SCRIPT)) in labels and not any("<script" in x for x in labels)
     assert "<script" not in fig.layout.title.text
+
+
+def test_pq_keeps_at_most_max_bars_and_always_the_drafted_and_emitted_tokens(recorded):
+    rnd = next(r for r in recorded if r.rejected_at is not None and r.residual_top)
+    k = rnd.rejected_at
+    cands = pq_candidates(rnd, k, max_bars=4)
+    assert len(cands) == 5 and cands[-1].id is None  # four tokens + "other"
+    ids = [c.id for c in cands]
+    assert rnd.draft_ids[k] in ids and rnd.emitted_id in ids
+    # "other" holds exactly the p mass not charted, so the p bars still sum to 1
+    assert sum(c.p for c in cands if c.p is not None) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_pq_rejects_positions_outside_the_round(bonus_round):
@@ -311,7 +325,7 @@ def test_speedup_figure_traces(recorded):
 
 def test_speedup_figure_without_costs_has_no_speedup_lines(recorded):
     fig = speedup_figure(recorded[:3], None, None)
-    assert [t.name for t in fig.data] == ["tokens per target pass"]
+    assert [t.name for t in fig.data] == ["tokens per target pass", "plain decoding = 1×"]
     assert "measuring" in fig.layout.title.text
 
 

@@ -68,6 +68,7 @@ class Session:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     ui_ms: list[float] = field(default_factory=list)  # time spent rendering outputs after each round
     charts_at: float = 0.0  # perf_counter time of the last chart update sent while streaming
+    round_at: float = 0.0  # perf_counter time the last round started (for pacing)
     streamer: int | None = None  # run id of the Generate / Run-to-end handler that is running, if any
     interrupt: tuple[str, int] | None = None  # ("stop" | "reset", run id) left for the streamer to carry out
 
@@ -277,6 +278,11 @@ class Playground:
         try:
             if session.run_id != run or session.decoder is None or session.decoder.done:
                 return None
+            # Pacing (see MIN_ROUND_INTERVAL_S) also keeps queued Steps' updates from overtaking each other.
+            time.sleep(max(0.0, session.round_at + MIN_ROUND_INTERVAL_S - time.perf_counter()))
+            if session.run_id != run:
+                return None
+            session.round_at = time.perf_counter()
             rnd = session.decoder.step()
             session.record(rnd)
             return rnd
@@ -286,10 +292,7 @@ class Playground:
     def stream(self, session: Session, run: int):
         """Run rounds until the end (or until superseded), yielding a view after each."""
         dec = session.decoder
-        last = 0.0
         while not dec.done:
-            time.sleep(max(0.0, last + MIN_ROUND_INTERVAL_S - time.perf_counter()))
-            last = time.perf_counter()
             rnd = self.step_once(session, run)
             if rnd is None or session.run_id != run:
                 yield from self.interrupted(session)
@@ -300,6 +303,7 @@ class Playground:
                 session.charts_at = now
             yield self.view(session, "busy", progress_message(dec, rnd), charts=charts)
         yield self.view(session, "ok", finished_message(dec), recorded=True)
+        log_run(session)
 
     def interrupted(self, session: Session):
         """A stream was superseded. Stop and Reset leave it their request: carrying it out here, as the stream's own
@@ -358,9 +362,13 @@ class Playground:
         yield from self.streaming(session, run_)
 
     def step(self, session: Session | None, *inputs):
-        """Run exactly one round (starting a run from the controls if there is none)."""
+        """Run exactly one round (starting a run from the controls if there is none).
+
+        Step ends a running stream, but not another Step: presses queued quickly (the S key) each run one round,
+        one after another under the session lock.
+        """
         session = session or Session()
-        run = session.new_run()
+        run = session.new_run() if session.streamer is not None else session.run_id
         if session.decoder is None and not (yield from self.new_decoder(session, Controls(*inputs), run)):
             return
         dec = session.decoder
@@ -496,6 +504,17 @@ def progress_message(dec: SpeculativeDecoder, rnd: Round) -> str:
 def finished_message(dec: SpeculativeDecoder) -> str:
     why = {"eos": "end of text", "max_new_tokens": "token limit reached"}.get(dec.stop_reason, "finished")
     return f"Done: {len(dec.generated_ids)} tokens in {len(dec.rounds)} rounds ({why})."
+
+
+def log_run(session: Session) -> None:
+    """One line per finished run on stderr: engine time per round vs time spent rendering the UI per round."""
+    rounds, ui = session.rounds, session.ui_ms
+    if not rounds or not ui:
+        return
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(f"[specdec] run: {len(rounds)} rounds, {len(session.decoder.generated_ids)} tokens; median round_ms "
+          f"{med([r.round_ms for r in rounds]):.1f} (engine), median render {med(ui):.1f} ms/update (UI)",
+          file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------- safety net
