@@ -244,3 +244,24 @@ def test_sessions_share_the_models_by_reference(tiny_pair):
             assert s.decoder.pair.target is tiny_pair.target and s.decoder.pair.draft is tiny_pair.draft
     finally:
         demo.close()
+
+
+def test_unexpected_errors_become_a_short_message_not_a_traceback(tiny_pair, monkeypatch):
+    import ui.playground as playground
+    from ui.loader import PairLoader, PairRequest
+
+    pg = playground.Playground(PairLoader(dtype="float32", device="cpu"), PairRequest("tiny"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(playground, "SpeculativeDecoder", broken)
+    outputs = list(playground.guarded(pg.generate)(None, "Hello", False, 4, 8, 0.7, 0, 1.0, 0, "tiny", "", ""))
+    status = outputs[-1][1]
+    assert "sd-status-error" in status and "Unexpected error (RuntimeError): kaboom" in status
+    assert "Traceback" not in status
+    # the session survives: once the bug is gone the next Step works
+    monkeypatch.undo()
+    session = outputs[-1][0]
+    stepped = list(playground.guarded(pg.step)(session, "Hello", False, 4, 8, 0.7, 0, 1.0, 0, "tiny", "", ""))
+    assert "Stepped round 1:" in stepped[-1][1]
