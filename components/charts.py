@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from specdec.decoder import TOP_DISPLAY
 from specdec.events import Round
-from specdec.metrics import predicted_speedup, running_speedup
+from specdec.metrics import alpha_estimate, predicted_speedup, running_speedup
 
 from .tokens import fmt_prob, visible_piece
 
@@ -220,13 +220,13 @@ def pq_figure(rnd: Round, position: int, height: int = 380) -> go.Figure:
     )
 
 
-def running_acceptance(rounds: list[Round]) -> list[float]:
-    """Cumulative acceptance rate after each round."""
-    out, acc, drafted = [], 0, 0
+def running_alpha(rounds: list[Round]) -> list[float]:
+    """Per-token acceptance probability (metrics.alpha_estimate) after each round."""
+    out, acc, rejections = [], 0, 0
     for r in rounds:
         acc += r.n_accepted
-        drafted += r.gamma
-        out.append(acc / drafted if drafted else 0.0)
+        rejections += r.rejected_at is not None
+        out.append(alpha_estimate(acc, rejections))
     return out
 
 
@@ -239,7 +239,7 @@ def speedup_series(rounds: list[Round], target_ms: float | None, draft_ms: float
     if target_ms and draft_ms:
         c = draft_ms / target_ms
         mean_gamma = [sum(r.gamma for r in rounds[: k + 1]) / (k + 1) for k in range(len(rounds))]
-        predicted = [predicted_speedup(a, round(g), c) for a, g in zip(running_acceptance(rounds), mean_gamma)]
+        predicted = [predicted_speedup(a, round(g), c) for a, g in zip(running_alpha(rounds), mean_gamma)]
     return {"round": xs, "tokens_per_pass": tokens, "measured": measured, "predicted": predicted}
 
 

@@ -41,8 +41,9 @@ def render_stats(rounds: list[Round], target_ms: float | None = None, draft_ms: 
         return '<div class="sd-stats sd-stats-empty">Stats appear after the first round.</div>'
     m = run_metrics(rounds, target_ms, draft_ms)
     cells = [
-        _stat("acceptance rate α", f"{100 * m.acceptance_rate:.0f}%",
-              f"{m.accepted} of {m.drafted} draft tokens kept", "acceptance"),
+        _stat("acceptance rate", f"{100 * m.acceptance_rate:.0f}%",
+              f"{m.accepted} of {m.drafted} draft tokens kept; per-token α = {m.alpha:.2f} (kept / tested guesses: "
+              "guesses after a rejection are never tested)", "acceptance"),
         _stat("tokens per round", f"{m.tokens_per_round:.2f}",
               "committed tokens per round, counting the repaired or bonus token (1 to γ+1)", "tokens_per_round"),
         _stat("tokens / s", f"{m.tok_s:.1f}",
@@ -57,7 +58,7 @@ def render_stats(rounds: list[Round], target_ms: float | None = None, draft_ms: 
                            "speculative tok/s ÷ plain target tok/s, both measured on this machine", "speedup"))
     if m.predicted_speedup is not None:
         cells.append(_stat("predicted speedup", f"{m.predicted_speedup:.2f}×",
-                           f"Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with α = {m.acceptance_rate:.2f}, "
+                           f"Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with per-token α = {m.alpha:.2f}, "
                            f"γ = {round(m.mean_gamma)}, c = {m.c:.2f}", "predicted"))
     foot = f"{m.rounds} rounds · {m.generated} tokens"
     if m.c is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, plain_decode
-from .metrics import predicted_speedup
+from .metrics import alpha_estimate, predicted_speedup
 from .sampling import SamplingConfig
 
 PROMPTS = {
@@ -115,7 +115,9 @@ def run_ours_spec(pair, prompt, s):
     _sync(pair)
     sec = time.perf_counter() - t0
     t = dec.totals
-    return len(dec.generated_ids), sec, {"drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds}
+    rejections = sum(r.rejected_at is not None for r in dec.rounds)
+    return len(dec.generated_ids), sec, {"drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds,
+                                         "rejections": rejections}
 
 
 def step_costs(pair, prompt="The quick brown fox", n=12) -> tuple[float, float]:
@@ -136,7 +138,7 @@ def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
     drafted = sum(x.extra.get("drafted", 0) for x in spec)
     accepted = sum(x.extra.get("accepted", 0) for x in spec)
     rounds = sum(x.extra.get("rounds", 0) for x in spec)
-    alpha = accepted / drafted if drafted else 0.0
+    alpha = alpha_estimate(accepted, sum(x.extra.get("rejections", 0) for x in spec))
     ratio = lambda a, b: tok_s[a] / tok_s[b] if tok_s.get(b) else None  # noqa: E731
     measured = ratio("ours_spec", "ours_plain")
     pred = predicted_speedup(alpha, gamma, c) if drafted else None
@@ -146,6 +148,7 @@ def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
         "d/b": ratio("ours_spec", "hf_assisted"),
         "c/a": ratio("ours_plain", "hf_plain"),
         "b/a": ratio("hf_assisted", "hf_plain"),
+        "acceptance_rate": accepted / drafted if drafted else None,
         "alpha": alpha,
         "tokens_per_round": sum(x.tokens for x in spec) / rounds if rounds else None,
         "c": c,
@@ -214,8 +217,7 @@ def sweep(pair, gammas, prompts, modes, max_new, c, log, draft_vocab=0) -> list[
     for g in gammas:
         spec = run_grid(pair, prompts, modes, g, max_new, 1, contenders=("ours_spec",), log=log,
                         draft_vocab=draft_vocab)
-        drafted = sum(x.extra["drafted"] for x in spec)
-        alpha = sum(x.extra["accepted"] for x in spec) / drafted
+        alpha = alpha_estimate(sum(x.extra["accepted"] for x in spec), sum(x.extra["rejections"] for x in spec))
         measured = _median_tok_s(spec) / base_tok_s
         rows.append({"gamma": g, "alpha": alpha, "measured_speedup": measured,
                      "predicted_speedup": predicted_speedup(alpha, g, c)})
@@ -236,7 +238,8 @@ def adaptive_compare(pair, prompts, modes, max_new, fixed, log, draft_vocab=0) -
                     samples.append(Sample(f"{policy}-{g}", kind, mode, prompt, n, sec, extra))
         tokens, secs = sum(x.tokens for x in samples), sum(x.seconds for x in samples)
         rows.append({"policy": policy, "gamma": g, "tok_s": tokens / secs,
-                     "alpha": sum(x.extra["accepted"] for x in samples) / sum(x.extra["drafted"] for x in samples)})
+                     "alpha": alpha_estimate(sum(x.extra["accepted"] for x in samples),
+                                             sum(x.extra["rejections"] for x in samples))})
         log(f"  {policy:10s} gamma={g:2d}: {tokens / secs:.2f} tok/s over {len(samples)} runs")
     return rows
 

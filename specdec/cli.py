@@ -108,6 +108,7 @@ def cmd_generate(args) -> int:
         "tokens": len(dec.generated_ids),
         "rounds": len(dec.rounds),
         "acceptance_rate": m.acceptance_rate,
+        "alpha": m.alpha,
         "tokens_per_round": m.tokens_per_round,
         "per_position_acceptance": m.per_position_acceptance,
         "accepted_histogram": m.accepted_histogram,

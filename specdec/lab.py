@@ -24,7 +24,7 @@ from .drafters import DraftModelDrafter
 from .errors import InvalidInputError
 from .events import Round, TokenProb
 from .kvcache import CachedLM
-from .metrics import predicted_speedup
+from .metrics import alpha_estimate, predicted_speedup
 from .sampling import SamplingConfig, warp
 
 MIN_TOKENS, MAX_TOKENS = 3, 6
@@ -440,7 +440,7 @@ class RunPoint:
 
     label: str
     rounds: int
-    alpha: float  # accepted / drafted
+    alpha: float  # per-token acceptance, metrics.alpha_estimate (the alpha of the Leviathan formula)
     mean_gamma: float
     tokens_per_round: float
     measured_speedup: float | None  # only when the run carries a plain-decoding baseline
@@ -482,6 +482,7 @@ def run_points(state) -> list[RunPoint]:
             continue
         drafted = sum(int(r["gamma"]) for r in rounds)
         accepted = sum(int(r.get("n_accepted", 0)) for r in rounds)
+        rejections = sum(r.get("rejected_at") is not None for r in rounds)
         committed = sum(len(r.get("committed_ids") or []) for r in rounds)
         d_ms = sum(float(r.get("draft_ms") or 0) for r in rounds)
         v_ms = sum(float(r.get("verify_ms") or 0) for r in rounds)
@@ -490,7 +491,7 @@ def run_points(state) -> list[RunPoint]:
         if meta.get("pair"):
             label += f" ({meta['pair']})"
         points.append(
-            RunPoint(label, len(rounds), accepted / drafted, drafted / len(rounds), committed / len(rounds),
+            RunPoint(label, len(rounds), alpha_estimate(accepted, rejections), drafted / len(rounds), committed / len(rounds),
                      _positive(meta, "speedup"), c_est, _positive(meta, "c"))
         )
     return points

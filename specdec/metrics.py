@@ -5,8 +5,12 @@ Conventions (stated because projects differ):
 - tokens per round = committed tokens / rounds; it COUNTS the repaired or bonus token, so it lies in [1, gamma+1]
   (vLLM "mean acceptance length").
 - per-position acceptance[i] = P(draft token i was kept) over rounds that drafted position i.
+- alpha = per-token acceptance probability, estimated as accepted / verified positions, where a round verifies its
+  kept prefix plus the first rejected guess (guesses after a rejection are never tested). This, not
+  accepted / drafted, is the alpha in the Leviathan formula: with gamma = 4 and alpha = 0.63, accepted / drafted is
+  only (a + a^2 + a^3 + a^4) / 4 = 0.36.
 - measured speedup = speculative tok/s / plain target tok/s on the same machine and settings.
-- predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)) with a = measured acceptance rate, c = draft step cost /
+- predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)) with a = the alpha above, c = draft step cost /
   target step cost (Leviathan et al. 2022, assuming i.i.d. acceptances and a verify pass costing one target step).
 """
 
@@ -27,13 +31,20 @@ def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1)
 
 
+def alpha_estimate(accepted: int, rejections: int) -> float:
+    """Per-token acceptance probability from counts: kept guesses / guesses actually tested."""
+    tested = accepted + rejections
+    return accepted / tested if tested else 0.0
+
+
 @dataclass
 class RunMetrics:
     rounds: int
     generated: int
     drafted: int
     accepted: int
-    acceptance_rate: float
+    acceptance_rate: float  # accepted / drafted
+    alpha: float  # per-token acceptance probability (see module docstring)
     tokens_per_round: float  # counts the repaired/bonus token
     per_position_acceptance: list[float]
     accepted_histogram: list[int]  # rounds that kept exactly k draft tokens, k = 0..max gamma
@@ -56,7 +67,7 @@ def summarize(
 ) -> RunMetrics:
     """Aggregate rounds; pass the plain target (and draft) per-token cost to get measured and predicted speedup."""
     if not rounds:
-        return RunMetrics(0, 0, 0, 0, 0.0, 0.0, [], [], 0.0, 0.0)
+        return RunMetrics(0, 0, 0, 0, 0.0, 0.0, 0.0, [], [], 0.0, 0.0)
     g_max = max(r.gamma for r in rounds)
     drafted = sum(r.gamma for r in rounds)
     accepted = sum(r.n_accepted for r in rounds)
@@ -70,14 +81,15 @@ def summarize(
         per_pos.append(sum(r.n_accepted > i for r in tried) / len(tried))
     elapsed_ms = sum(r.round_ms or (r.draft_ms + r.verify_ms) for r in rounds)
     tok_s = 1e3 * generated / elapsed_ms if elapsed_ms else 0.0
-    alpha = accepted / drafted
+    alpha = alpha_estimate(accepted, sum(r.rejected_at is not None for r in rounds))
     mean_gamma = drafted / len(rounds)
     m = RunMetrics(
         rounds=len(rounds),
         generated=generated,
         drafted=drafted,
         accepted=accepted,
-        acceptance_rate=alpha,
+        acceptance_rate=accepted / drafted,
+        alpha=alpha,
         tokens_per_round=generated / len(rounds),
         per_position_acceptance=per_pos,
         accepted_histogram=hist,

@@ -23,7 +23,7 @@ from components import (
     speedup_figure,
     visible_piece,
 )
-from components.charts import OTHER, running_acceptance
+from components.charts import OTHER, running_alpha
 from specdec.decoder import TOP_DISPLAY, DecodeSettings, SpeculativeDecoder
 from specdec.events import Round, TokenProb, Totals
 from specdec.metrics import predicted_speedup, running_speedup
@@ -317,8 +317,10 @@ def test_speedup_figure_traces(recorded):
     fig = speedup_figure(run, target_ms=20.0, draft_ms=5.0)
     assert list(trace(fig, "tokens per").y) == [len(r.committed_ids) for r in run]
     assert list(trace(fig, "measured").y) == pytest.approx(running_speedup(run, 20.0))
-    alpha = sum(r.n_accepted for r in run) / sum(r.gamma for r in run)
-    assert running_acceptance(run)[-1] == pytest.approx(alpha)
+    # per-token alpha: kept guesses over tested guesses (the prefix plus the first rejected one)
+    accepted = sum(r.n_accepted for r in run)
+    alpha = accepted / (accepted + sum(r.rejected_at is not None for r in run))
+    assert running_alpha(run)[-1] == pytest.approx(alpha)
     gamma = round(sum(r.gamma for r in run) / len(run))
     assert trace(fig, "predicted").y[-1] == pytest.approx(predicted_speedup(alpha, gamma, 0.25))
 

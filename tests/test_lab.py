@@ -283,7 +283,8 @@ def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
         for s in range(view.N_STEPS):
             assert "learn-walk" in render_walkthrough("run:0", s, state)
         (pt,) = lab.run_points(state)
-        assert pt.alpha == pytest.approx(sum(r["n_accepted"] for r in rounds) / sum(r["gamma"] for r in rounds))
+        kept = sum(r["n_accepted"] for r in rounds)  # per-token alpha: kept / tested (prefix + first rejection)
+        assert pt.alpha == pytest.approx(kept / (kept + sum(r["rejected_at"] is not None for r in rounds)))
         assert pt.rounds == len(rounds)
     assert lab.run_points(rounds)[0].measured_speedup is None
     pt = lab.run_points({"rounds": rounds, "speedup": 1.7, "c": 0.3})[0]
