@@ -158,8 +158,12 @@ class SpeculativeDecoder:
     def step(self) -> Round:
         if self.done:
             raise InvalidInputError("generation has finished; start a new run")
-        self.prefill()
         s, dev, cfg = self.settings, self.pair.device, self.settings.sampling
+        t_pre = time.perf_counter()
+        first = not self._prefilled
+        self.prefill()
+        _sync(dev)
+        prefill_ms = (time.perf_counter() - t_pre) * 1e3 if first else 0.0
         remaining = s.max_new_tokens - len(self.generated_ids)
         # Drafting past the token budget is wasted work: at most remaining-1 guesses plus the repair/bonus.
         gamma = max(1, min(self.gamma, remaining - 1)) if remaining > 1 else 1
@@ -200,6 +204,7 @@ class SpeculativeDecoder:
         rnd = self._event(draft, p, verdict, committed, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
         t3 = time.perf_counter()
         rnd.round_ms = (t3 - t0) * 1e3
+        rnd.prefill_ms = prefill_ms
         tt.elapsed_ms = rnd.totals.elapsed_ms = (t3 - self._t_start) * 1e3
         self.rounds.append(rnd)
         return rnd

@@ -59,6 +59,7 @@ class Round:
     draft_ms: float
     verify_ms: float
     round_ms: float = 0.0  # whole round wall time: draft + verify + bookkeeping and building this event
+    prefill_ms: float = 0.0  # first round only: running both models over the prompt, before round_ms starts
     totals: Totals = field(default_factory=Totals)
     stop_reason: str | None = None  # "eos" or "max_new_tokens" on the final round
 
