@@ -7,15 +7,24 @@ background thread (the page shows its progress). Environment:
 - SPECDEC_PAIR: the preset loaded at startup (default "default", the embedded Qwen2.5-Coder 1.5B + 0.5B pair;
   "tiny" is the random-weight test pair)
 - SPECDEC_DTYPE / SPECDEC_DEVICE: passed to load_pair (default "auto")
-- SPECDEC_CONCURRENCY: decoding events that may run at once across all sessions (default 2)
+- SPECDEC_CONCURRENCY: decoding events that may run at once across all sessions (default 2); every other event
+  runs without a limit (they are cheap), the Learn tab's real-model check one at a time
+- SPECDEC_PUBLIC=1: a public deployment: custom model ids must be hub ids (no local folders)
+- SPECDEC_MAX_PARAMS: parameter cap per custom model, checked before download (default 4e9)
+- SPECDEC_DETACHED=1: decode Generate runs the ZeroGPU way (set automatically on a ZeroGPU Space; see README)
 
 API (gradio_client): /generate streams one update per round, /step runs one round, /run_to_end continues the
 current run, /stop and /reset; all take the playground controls in the order of `control_inputs` below.
+/import_trace takes a trace file and replays it, /export_trace returns the session's run as a trace file, /lab
+runs the Learn tab's exactness lab.
 
 This file is layout and wiring only: the engine lives in specdec/, rendering in components/, handlers in ui/.
 """
 
 from __future__ import annotations
+
+# First: on a ZeroGPU Space `spaces` must be imported before anything initializes CUDA.
+from specdec.zerogpu import zerogpu_active  # isort: skip
 
 import json
 import os
@@ -24,7 +33,10 @@ from pathlib import Path
 import gradio as gr
 
 from components import empty_figure, render_legend, render_phases, render_stats, render_status
+from specdec.hub import DEFAULT_MAX_PARAMS
 from specdec.models import PAIRS
+from specdec.trace import MAX_TRACE_BYTES
+from ui.inputs import Number, Slider
 from ui.learn_tab import build_learn_tab
 from ui.loader import PairLoader
 from ui.playground import Playground, env_request, guarded
@@ -65,7 +77,8 @@ def load_examples() -> list[dict]:
 def build_demo(pg: Playground) -> gr.Blocks:
     examples = load_examples()
     first = examples[0]
-    with gr.Blocks(title="specdec · speculative decoding playground") as demo:
+    # delete_cache: uploaded and exported traces (up to 20 MB each) are removed after a day, hourly checked
+    with gr.Blocks(title="specdec · speculative decoding playground", delete_cache=(3600, 86400)) as demo:
         session = gr.State(None)  # this browser tab's Session (decoder + rendered rounds), created on first use
         recorded = gr.State(None)  # the last run's rounds for the Learn tab: {"rounds": [Round dicts], ...}
         timer = gr.Timer(1.0, active=True)
@@ -93,19 +106,19 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             reset_btn = gr.Button("Reset", elem_id="sd-reset", min_width=70)
                         gr.HTML(KEYS_HINT, js_on_load=None)
                         with gr.Accordion("Decoding settings", open=True):
-                            gamma = gr.Slider(1, GAMMA_MAX_UI, DEFAULTS["gamma"], step=1, precision=0,
-                                              label="γ — draft tokens per round", elem_id="sd-gamma")
-                            max_new = gr.Slider(1, 512, DEFAULTS["max_new_tokens"], step=1, precision=0,
-                                                label="Max new tokens", elem_id="sd-max-new")
-                            temperature = gr.Slider(0, 2, DEFAULTS["temperature"], step=0.05,
-                                                    label="Temperature (0 = greedy)", elem_id="sd-temperature")
+                            gamma = Slider(1, GAMMA_MAX_UI, DEFAULTS["gamma"], step=1, precision=0,
+                                           label="γ — draft tokens per round", elem_id="sd-gamma")
+                            max_new = Slider(1, 512, DEFAULTS["max_new_tokens"], step=1, precision=0,
+                                             label="Max new tokens", elem_id="sd-max-new")
+                            temperature = Slider(0, 2, DEFAULTS["temperature"], step=0.05,
+                                                 label="Temperature (0 = greedy)", elem_id="sd-temperature")
                             with gr.Row():
-                                top_k = gr.Number(DEFAULTS["top_k"], label="Top-k (0 = off)", precision=0, minimum=0,
-                                                  elem_id="sd-top-k", min_width=100)
-                                seed = gr.Number(DEFAULTS["seed"], label="Seed", precision=0, minimum=0,
-                                                 elem_id="sd-seed", min_width=100)
-                            top_p = gr.Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
-                                              elem_id="sd-top-p")
+                                top_k = Number(DEFAULTS["top_k"], label="Top-k (0 = off)", precision=0, minimum=0,
+                                               elem_id="sd-top-k", min_width=100)
+                                seed = Number(DEFAULTS["seed"], label="Seed", precision=0, minimum=0,
+                                              elem_id="sd-seed", min_width=100)
+                            top_p = Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
+                                           elem_id="sd-top-p")
                         with gr.Accordion("Models", open=False):
                             pair = gr.Dropdown(list(PAIRS), label="Model pair (target + draft)",
                                                value=pg.startup.name if pg.startup.name in PAIRS else "default",
@@ -142,6 +155,12 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                                      show_label=False, elem_id="sd-speed")
                         text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
                                           elem_id="sd-text")
+                        with gr.Row(equal_height=False, elem_id="sd-trace"):
+                            export_btn = gr.DownloadButton("Download trace (JSON)", value=None, interactive=False,
+                                                           elem_id="sd-export", scale=1, min_width=200)
+                            trace_file = gr.File(label="Replay a trace (JSON) — no model needed",
+                                                 file_types=[".json"], file_count="single", type="filepath",
+                                                 height=130, elem_id="sd-import", scale=2, min_width=260)
 
             with gr.Tab("Learn", id="learn"):
                 build_learn_tab(recorded, get_pair=pg.current_pair)
@@ -166,6 +185,17 @@ def build_demo(pg: Playground) -> gr.Blocks:
         stop_btn.click(guarded(pg.stop), [session], outputs, api_name="stop", **light)
         reset_btn.click(guarded(pg.reset), [session], outputs, api_name="reset", **light)
 
+        # Traces: every run, step, stop or replay that ends updates `recorded`, and the browser then asks for the
+        # session's trace file, so the download button always holds the run on screen. API callers (no browser,
+        # so no change events) call /export_trace themselves.
+        trace_limit = dict(show_progress="hidden", concurrency_id="trace", concurrency_limit=2)
+        # After each upload the drop zone empties again (the status says what was loaded), ready for the next file.
+        trace_file.upload(guarded(pg.import_trace), [session, trace_file], outputs, api_name="import_trace",
+                          **trace_limit).then(lambda: None, None, [trace_file], api_visibility="private", **light)
+        recorded.change(guarded(pg.export_trace, 1), [session], [export_btn], api_name="export_trace",
+                        **trace_limit).then(lambda path: gr.DownloadButton(interactive=path is not None), [export_btn],
+                                            [export_btn], api_visibility="private", **light)
+
         chart = [round_dd, pos_dd, pq_plot]
         tokens.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)
         phases.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)
@@ -188,16 +218,27 @@ def theme() -> gr.Theme:
     )
 
 
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def main() -> None:
-    loader = PairLoader(dtype=os.environ.get("SPECDEC_DTYPE", "auto"), device=os.environ.get("SPECDEC_DEVICE", "auto"))
+    # On ZeroGPU each Generate run is decoded inside one GPU call (ui/gpu_run.py); the main process only loads.
+    detached = zerogpu_active() or env_flag("SPECDEC_DETACHED")
+    loader = PairLoader(dtype=os.environ.get("SPECDEC_DTYPE", "auto"), device=os.environ.get("SPECDEC_DEVICE", "auto"),
+                        max_params=float(os.environ.get("SPECDEC_MAX_PARAMS", DEFAULT_MAX_PARAMS)),
+                        allow_local=not env_flag("SPECDEC_PUBLIC"), measure=not detached)
     loader.quiet.clear()  # time the models only once the server is up (see PairLoader.quiet)
-    pg = Playground(loader, env_request())  # starts loading the startup pair in the background right away
+    # starts loading the startup pair in the background right away
+    pg = Playground(loader, env_request(), detached=detached, allow_local=loader.allow_local)
     demo = build_demo(pg)
     demo.queue(default_concurrency_limit=int(os.environ.get("SPECDEC_CONCURRENCY", "2")))
     demo.launch(
         prevent_thread_lock=True,
         server_name=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        # uploads are trace files: refuse anything far past the trace limit before it is stored
+        max_file_size=MAX_TRACE_BYTES + 5 * 2**20,
         theme=theme(),
         css_paths=[ASSETS / "style.css"],
         head=f"<script>{(ASSETS / 'app.js').read_text()}</script>",

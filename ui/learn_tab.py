@@ -21,6 +21,9 @@ from specdec import lab
 from specdec.errors import SpecDecError
 from specdec.events import Round
 from specdec.sampling import SamplingConfig
+from specdec.zerogpu import gpu
+
+from .inputs import Number, Slider
 
 CSS_PATH = Path(__file__).resolve().parent.parent / "assets" / "learn.css"
 EXTRA_ROWS = (("fox", 10.0, 10.0), ("bee", 10.0, 10.0), ("elk", 10.0, 10.0))  # rows 4-6 when switched on
@@ -228,6 +231,18 @@ def run_real(get_pair, prefix, temperature, top_k, top_p, gamma, n, k, seed):
         yield gr.update(), view.message_html(str(exc), "error")
 
 
+# Each Learn tab's get_pair, by a number run_real_gpu receives. A module global, not an argument: on ZeroGPU the
+# decorated call runs in a worker forked from the app, which has these (and the loaded pair) already, while its
+# arguments must be pickled.
+_PAIR_SOURCES: dict[int, Callable] = globals().get("_PAIR_SOURCES", {})  # kept across importlib.reload
+
+
+@gpu(duration=120)
+def run_real_gpu(source: int, prefix, temperature, top_k, top_p, gamma, n, k, seed):
+    """run_real on the app's pair, as the one GPU call of the real-model check (see specdec.zerogpu)."""
+    yield from run_real(_PAIR_SOURCES[source], prefix, temperature, top_k, top_p, gamma, n, k, seed)
+
+
 def _pieces(pair, rows, extra=()) -> dict[int, str]:
     """Decoded text of the tokens the chart can show: the top of p0 and anything the real rounds emitted."""
     top = torch.topk(rows.p0, min(16, rows.p0.shape[0])).indices.tolist()
@@ -305,17 +320,17 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
     init = reset_editor()
     with gr.Row(elem_id="learn-100-section"):
         with gr.Column(scale=2, min_width=300):
-            n_tok = gr.Slider(lab.MIN_TOKENS, lab.MAX_TOKENS, value=init[0], step=1, label="tokens",
-                              elem_id="learn-ntok")
+            n_tok = Slider(lab.MIN_TOKENS, lab.MAX_TOKENS, value=init[0], step=1, label="tokens",
+                           elem_id="learn-ntok")
             toks, ps, qs, rows = [], [], [], []
             for i in range(lab.MAX_TOKENS):
                 with gr.Row(visible=i < init[0], equal_height=True) as row:
                     toks.append(gr.Textbox(init[1 + i], label="token" if i == 0 else None, show_label=i == 0,
                                            elem_id=f"learn-tok-{i}", min_width=70, max_length=24))
-                    ps.append(gr.Number(init[7 + i], label="target p" if i == 0 else None, show_label=i == 0,
-                                        elem_id=f"learn-p-{i}", min_width=70))
-                    qs.append(gr.Number(init[13 + i], label="draft q" if i == 0 else None, show_label=i == 0,
-                                        elem_id=f"learn-q-{i}", min_width=70))
+                    ps.append(Number(init[7 + i], label="target p" if i == 0 else None, show_label=i == 0,
+                                     elem_id=f"learn-p-{i}", min_width=70))
+                    qs.append(Number(init[13 + i], label="draft q" if i == 0 else None, show_label=i == 0,
+                                     elem_id=f"learn-q-{i}", min_width=70))
                 rows.append(row)
             reset = gr.Button("Reset to cat / dog / owl", size="sm", elem_id="learn-reset")
         with gr.Column(scale=5):
@@ -335,9 +350,9 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
     )
     with gr.Column(elem_id="learn-lab-section"):
         with gr.Row(equal_height=True):
-            lab_n = gr.Number(20_000, label=f"N rounds (up to {lab.MAX_LAB_ROUNDS:,})", precision=0, minimum=1,
-                              maximum=lab.MAX_LAB_ROUNDS, elem_id="learn-lab-n")
-            lab_seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="learn-lab-seed")
+            lab_n = Number(20_000, label=f"N rounds (up to {lab.MAX_LAB_ROUNDS:,})", precision=0, minimum=1,
+                           maximum=lab.MAX_LAB_ROUNDS, elem_id="learn-lab-n")
+            lab_seed = Number(0, label="seed", precision=0, minimum=0, elem_id="learn-lab-seed")
             lab_repair = gr.Radio([(lbl, key) for key, (lbl, _) in lab.REPAIRS.items()], value="correct",
                                   label="repair after a rejection", elem_id="learn-lab-repair", scale=3)
             lab_run = gr.Button("Sample N rounds", variant="primary", elem_id="learn-lab-run")
@@ -345,7 +360,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
         lab_out = gr.HTML(view.message_html("Press “Sample N rounds” to run the rule on the p and q above.", "info"),
                           elem_id="learn-lab-result")
     lab_inputs = [lab_n, lab_seed, lab_repair, *editor]
-    lab_run.click(run_lab, lab_inputs, [lab_plot, lab_out], concurrency_id="learn-lab")
+    lab_run.click(run_lab, lab_inputs, [lab_plot, lab_out], concurrency_id="learn-lab", api_name="lab")
     lab_repair.change(run_lab, lab_inputs, [lab_plot, lab_out], concurrency_id="learn-lab")
 
     # 4. Exactness on the real models ------------------------------------------------------------------
@@ -361,18 +376,18 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
             prefix = gr.Textbox(REAL_DEFAULT_PREFIX, label="prefix", lines=2, scale=3, elem_id="learn-real-prefix")
             with gr.Column(scale=2):
                 with gr.Row():
-                    temp = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="temperature", elem_id="learn-real-temp")
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.01, label="top-p", elem_id="learn-real-topp")
+                    temp = Slider(0.0, 2.0, value=1.0, step=0.05, label="temperature", elem_id="learn-real-temp")
+                    top_p = Slider(0.05, 1.0, value=1.0, step=0.01, label="top-p", elem_id="learn-real-topp")
                 with gr.Row():
-                    top_k = gr.Number(40, label="top-k (0 = off)", precision=0, minimum=0, elem_id="learn-real-topk")
-                    gamma = gr.Number(1, label="γ for the real rounds", precision=0, minimum=1, maximum=16,
-                                      elem_id="learn-real-gamma")
+                    top_k = Number(40, label="top-k (0 = off)", precision=0, minimum=0, elem_id="learn-real-topk")
+                    gamma = Number(1, label="γ for the real rounds", precision=0, minimum=1, maximum=16,
+                                   elem_id="learn-real-gamma")
         with gr.Row(equal_height=True):
-            real_n = gr.Number(20_000, label="N vectorized rounds", precision=0, minimum=1,
-                               maximum=lab.MAX_LAB_ROUNDS, elem_id="learn-real-n")
-            real_k = gr.Number(100 if tiny else 10, label="K real decoder rounds", precision=0, minimum=0, maximum=500,
-                               elem_id="learn-real-k")
-            real_seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="learn-real-seed")
+            real_n = Number(20_000, label="N vectorized rounds", precision=0, minimum=1,
+                            maximum=lab.MAX_LAB_ROUNDS, elem_id="learn-real-n")
+            real_k = Number(100 if tiny else 10, label="K real decoder rounds", precision=0, minimum=0, maximum=500,
+                            elem_id="learn-real-k")
+            real_seed = Number(0, label="seed", precision=0, minimum=0, elem_id="learn-real-seed")
             real_run = gr.Button("Run on the real models", variant="primary", elem_id="learn-real-run")
         real_plot = gr.Plot(show_label=False, visible=False, elem_id="learn-real-plot")
         real_out = gr.HTML(
@@ -383,8 +398,18 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
             elem_id="learn-real-result",
         )
 
+    source = len(_PAIR_SOURCES)
+    _PAIR_SOURCES[source] = get_pair
+
     def real_handler(*args):
-        yield from run_real(get_pair, *args)
+        # Wait for loading models here, in the app's process, so a ZeroGPU call never holds a GPU while waiting.
+        pair = None
+        for pair, problem in wait_for_pair(get_pair):
+            if problem:
+                yield gr.update(), view.message_html(problem, "warn")
+        if pair is None:
+            return
+        yield from run_real_gpu(source, *args)
 
     # The handler streams its own progress messages, so no overlay hides them.
     real_run.click(real_handler, [prefix, temp, top_k, top_p, gamma, real_n, real_k, real_seed], [real_plot, real_out],
@@ -394,8 +419,8 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
     gr.Markdown("### 5. When is it faster?")
     with gr.Column(elem_id="learn-speedup-section"):
         with gr.Row(equal_height=True):
-            c_slider = gr.Slider(0.0, 1.0, value=0.1, step=0.01, scale=4, elem_id="learn-c",
-                                 label="c = cost of one draft step ÷ cost of one target step")
+            c_slider = Slider(0.0, 1.0, value=0.1, step=0.01, scale=4, elem_id="learn-c",
+                              label="c = cost of one draft step ÷ cost of one target step")
             use_c = gr.Button("Use my run's c", size="sm", elem_id="learn-use-c", scale=1)
         fig0, text0 = update_speedup(0.1, recorded_rounds.value)
         sp_plot = gr.Plot(fig0, show_label=False, elem_id="learn-speedup-plot")

@@ -3,6 +3,13 @@
 Each requested pair gets one LoadJob: a thread that loads the pair through specdec's memoized `load_pair` and then
 measures the plain per-token cost of both models once (for the measured speedup). Callers poll the job's message
 or wait on it. A failed job is dropped, so asking again retries.
+
+Loaded pairs are shared: `load_pair` memoizes one ModelPair per (ids, dtype, device), and every session's decoder
+holds that object by reference, using the models read-only (inference mode; KV caches live in the decoder).
+
+Custom ids (the Models accordion) are checked before anything is downloaded: their spelling at once
+(`check_request`, raising InvalidInputError), then in the load thread `specdec.hub.validate_custom_pair`
+(config, size cap, shared vocabulary) before `load_pair` fetches any weights.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ import traceback
 from dataclasses import dataclass, field
 
 from specdec.decoder import StepCosts, measure_step_costs
-from specdec.errors import SpecDecError
-from specdec.models import ModelPair, load_pair
+from specdec.errors import InvalidInputError, SpecDecError, UnsupportedModelError
+from specdec.hub import DEFAULT_MAX_PARAMS, check_model_id, human_count, inspect_model, validate_custom_pair
+from specdec.models import PAIRS, ModelPair, load_pair
+
+BUILTIN_PREFIXES = ("embedded:", "tiny:")  # preset ids that are not hub ids or folders (see specdec.models.PAIRS)
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,40 @@ class LoadJob:
         return self.loaded.wait(timeout)
 
 
+def check_request(req: PairRequest, allow_local: bool = True) -> None:
+    """The cheap checks, run before a load is queued: a known preset, and well-spelled custom ids (no network)."""
+    if req.name not in PAIRS:
+        raise InvalidInputError(f"unknown model pair {req.name[:60]!r}; choose one of {', '.join(PAIRS)}")
+    for model_id, role in ((req.target, "target"), (req.draft, "draft")):
+        if model_id:
+            check_model_id(model_id, role, allow_local)
+
+
+def validate_request(req: PairRequest, max_params: float = DEFAULT_MAX_PARAMS, allow_local: bool = True) -> None:
+    """Before any weights are fetched: config, parameter cap and shared vocabulary of the custom ids in `req`.
+
+    Both ids typed (or a typed id next to a hub preset's): `validate_custom_pair` checks the whole pair. A typed id
+    next to a built-in model (embedded or tiny) is checked on its own; `load_pair` compares the vocabularies from
+    the tokenizers before it loads any weights.
+    """
+    if not (req.target or req.draft):
+        return
+    base_t, base_d = PAIRS.get(req.name, PAIRS["default"])
+    target, draft = req.target or base_t, req.draft or base_d
+    if not (target.startswith(BUILTIN_PREFIXES) or draft.startswith(BUILTIN_PREFIXES)):
+        validate_custom_pair(target, draft, max_params=max_params, allow_local=allow_local)
+        return
+    for model_id, role in ((req.target, "target"), (req.draft, "draft")):
+        if not model_id:
+            continue
+        m = inspect_model(model_id, role, allow_local)
+        if m.parameters > max_params:
+            raise UnsupportedModelError(
+                f"{role} '{model_id}' is too large for this shared machine: ~{human_count(m.parameters)} "
+                f"parameters, cap {human_count(max_params)}"
+            )
+
+
 def measure_costs(pair: ModelPair, repeats: int = 2) -> StepCosts:
     """Plain per-token cost of each model; the minimum over repeats, since other load only ever adds time."""
     runs = [measure_step_costs(pair) for _ in range(repeats)]
@@ -60,8 +104,17 @@ def measure_costs(pair: ModelPair, repeats: int = 2) -> StepCosts:
 
 
 class PairLoader:
-    def __init__(self, dtype: str = "auto", device: str = "auto"):
+    """Loads pairs in background threads, one job per PairRequest.
+
+    max_params / allow_local: limits for custom ids (see validate_request); allow_local=False on a public Space.
+    measure: time both models after loading. Off on ZeroGPU, where the main process must not run CUDA work; the
+    GPU worker measures instead (ui/gpu_run.py).
+    """
+
+    def __init__(self, dtype: str = "auto", device: str = "auto", *, max_params: float = DEFAULT_MAX_PARAMS,
+                 allow_local: bool = True, measure: bool = True):
         self.dtype, self.device = dtype, device
+        self.max_params, self.allow_local, self.measure = max_params, allow_local, measure
         self._jobs: dict[PairRequest, LoadJob] = {}
         self._lock = threading.Lock()
         # Set once the server is up: step costs timed during startup would include Gradio's own start-up work.
@@ -91,6 +144,9 @@ class PairLoader:
             job.message = msg
 
         try:
+            if req.target or req.draft:
+                job.message = "checking the custom model ids (config, size, vocabulary) before downloading"
+                validate_request(req, self.max_params, self.allow_local)
             job.message = f"loading model pair {req.label}"
             job.pair = load_pair(req.name, target=req.target or None, draft=req.draft or None,
                                  dtype=self.dtype, device=self.device, progress=progress)
@@ -102,7 +158,7 @@ class PairLoader:
             job.error = f"could not load {req.label}: {type(exc).__name__}: {exc}"
         finally:
             job.loaded.set()
-        if job.pair is None:
+        if job.pair is None or not self.measure:
             job.measured.set()
             return
         try:

@@ -4,9 +4,12 @@ The handlers here are what app.py binds to buttons. Streaming handlers are gener
 Each browser session keeps its own decoder in a gr.State; Gradio stores State values by reference (only the initial
 value is deep-copied), so the decoder holds the shared, read-only models by reference and nothing is copied.
 
-Concurrency: a Session's rounds run under its lock, and every new action (Generate, Step, Stop, Reset) bumps
-`run_id`; a generator whose run id is stale stops before its next round. That keeps one decoder from being
-stepped by two events at once even when Gradio's cancellation lets an in-flight round finish.
+Concurrency: a Session's rounds run under its lock, and every new action (Generate, Step, Stop, Reset, trace
+import) bumps `run_id`; a generator whose run id is stale stops before its next round. That keeps one decoder from
+being stepped by two events at once even when Gradio's cancellation lets an in-flight round finish.
+
+A session shows either a live run (`decoder`, which Step and Run to end continue) or a RunLog (`log`): a replayed
+trace, or on ZeroGPU a run decoded in the GPU worker (see `detached` and ui/gpu_run.py). Both render the same way.
 """
 
 from __future__ import annotations
@@ -34,13 +37,16 @@ from components import (
     speedup_figure,
 )
 from components.tokens import quoted
-from specdec.decoder import DecodeSettings, SpeculativeDecoder
-from specdec.errors import InvalidInputError, ModelLoadError, SpecDecError
+from specdec.decoder import DecodeSettings, SpeculativeDecoder, encode_prompt
+from specdec.errors import InvalidInputError, ModelLoadError, SpecDecError, TraceError
 from specdec.events import Round
 from specdec.metrics import summarize
 from specdec.sampling import SamplingConfig
+from specdec.trace import load_trace_file
 
-from .loader import LoadJob, PairLoader, PairRequest
+from . import gpu_run
+from .loader import LoadJob, PairLoader, PairRequest, check_request
+from .trace_io import RunLog, describe_replay, log_from_trace, prompt_text, trace_json, write_trace
 
 LOCK_TIMEOUT_S = 60.0  # longest wait for an in-flight round (the default pair needs ~1 s per round on CPU)
 # While streaming, the two Plotly charts are redrawn at most this often. Gradio rebuilds a Plotly chart from
@@ -52,6 +58,12 @@ CHART_INTERVAL_S = 1.0
 # slow machine, and queued updates make Stop look ignored. The wait is outside Decoder.step, so round_ms, tok/s
 # and the measured speedup are unaffected.
 MIN_ROUND_INTERVAL_S = float(os.environ.get("SPECDEC_MIN_ROUND_S", "0.2"))
+# Longest prompt accepted, in characters, checked before tokenizing: the decoder's own limit is 8192 tokens, and a
+# megabyte of text would only be tokenized to be refused. 100k characters is over 10 characters per token.
+MAX_PROMPT_CHARS = 100_000
+DETACHED_STEP_MESSAGE = ("Step and Run to end are off on this ZeroGPU Space: the GPU is lent for one call at a time, "
+                         "so a decoder cannot stay on it between clicks. Generate streams a whole run on the GPU; to "
+                         "step round by round, run the app locally or on a CPU or dedicated-GPU Space.")
 
 
 # --------------------------------------------------------------------------------------------------- session
@@ -60,6 +72,7 @@ MIN_ROUND_INTERVAL_S = float(os.environ.get("SPECDEC_MIN_ROUND_S", "0.2"))
 @dataclass
 class Session:
     decoder: SpeculativeDecoder | None = None
+    log: RunLog | None = None  # a run without a decoder (replayed trace, ZeroGPU run); never set with decoder
     job: LoadJob | None = None  # the loaded pair the decoder runs on (for its step costs)
     prompt: str = ""
     run_id: int = 0
@@ -73,25 +86,34 @@ class Session:
     interrupt: tuple[str, int] | None = None  # ("stop" | "reset", run id) left for the streamer to carry out
 
     @property
+    def run(self) -> SpeculativeDecoder | RunLog | None:
+        """What the views show: the live decoder, else the run log, else None."""
+        return self.decoder or self.log
+
+    @property
     def rounds(self) -> list[Round]:
-        return self.decoder.rounds if self.decoder else []
+        run = self.run
+        return run.rounds if run is not None else []
 
     def new_run(self) -> int:
         """Invalidate whatever run is streaming; return the id of the run that starts now."""
         self.run_id += 1
         return self.run_id
 
-    def start(self, decoder: SpeculativeDecoder, job: LoadJob, prompt: str) -> None:
+    def start(self, decoder: SpeculativeDecoder | None, job: LoadJob | None, prompt: str,
+              log: RunLog | None = None) -> None:
         # Under the lock: a superseded run's in-flight round must not land in the new run's lists.
         self.acquire()
         try:
-            self.decoder, self.job, self.prompt = decoder, job, prompt
+            self.decoder, self.log, self.job, self.prompt = decoder, log, job, prompt
             self.round_html, self.round_dicts, self.ui_ms = [], [], []
+            for rnd in log.rounds if log is not None else []:  # a replay arrives with all its rounds
+                self.record(rnd)
         finally:
             self.lock.release()
 
     def clear(self) -> None:
-        self.decoder, self.job, self.prompt = None, None, ""
+        self.decoder, self.log, self.job, self.prompt = None, None, None, ""
         self.round_html, self.round_dicts, self.ui_ms = [], [], []
 
     def record(self, rnd: Round) -> None:
@@ -129,42 +151,76 @@ class Controls:
                               max_new_tokens=_whole(self.max_new_tokens, "max new tokens"),
                               sampling=sampling, seed=_whole(self.seed, "seed"), chat=bool(self.chat))
 
-    def pair_request(self) -> PairRequest:
-        return PairRequest(self.pair or "default", (self.target or "").strip(), (self.draft or "").strip())
+    def check_prompt(self) -> None:
+        if self.prompt is None:  # an API call without a prompt: the decoder says "the prompt is empty"
+            self.prompt = ""
+        if not isinstance(self.prompt, str):
+            raise InvalidInputError(f"the prompt must be text, got {type(self.prompt).__name__}")
+        if len(self.prompt) > MAX_PROMPT_CHARS:
+            raise InvalidInputError(f"the prompt is {len(self.prompt):,} characters long; the limit is "
+                                    f"{MAX_PROMPT_CHARS:,}")
+
+    def pair_request(self, allow_local: bool = True) -> PairRequest:
+        """The pair to load; unknown presets and badly spelled custom ids are refused here, before any loading."""
+        for value, name in ((self.pair, "model pair"), (self.target, "custom target"), (self.draft, "custom draft")):
+            if value is not None and not isinstance(value, str):
+                raise InvalidInputError(f"{name} must be text, got {type(value).__name__}")
+        req = PairRequest(self.pair or "default", (self.target or "").strip(), (self.draft or "").strip())
+        check_request(req, allow_local)
+        return req
 
 
 def _number(x, name: str) -> float:
     if x is None or x == "":
         raise InvalidInputError(f"{name} is empty; enter a number")
+    if isinstance(x, bool):
+        raise InvalidInputError(f"{name} must be a number, got {x!r}")
     try:
-        return float(x)
-    except (TypeError, ValueError):
-        raise InvalidInputError(f"{name} must be a number, got {x!r}") from None
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInputError(f"{name} must be a number, got {_short(x)}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise InvalidInputError(f"{name} must be a finite number, got {_short(x)}")
+    return v
 
 
 def _whole(x, name: str) -> int:
     v = _number(x, name)
     if v != int(v):
-        raise InvalidInputError(f"{name} must be a whole number, got {x!r}")
+        raise InvalidInputError(f"{name} must be a whole number, got {_short(x)}")
     return int(v)
+
+
+def _short(x, limit: int = 40) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------- views
 
 
 class Playground:
-    """Handlers bound to one PairLoader; app.py wires their outputs in the order of OUTPUTS below."""
+    """Handlers bound to one PairLoader; app.py wires their outputs in the order of OUTPUTS below.
+
+    detached: decode each Generate run inside one call of ui/gpu_run.decode_rounds (the ZeroGPU path: the decoder
+    lives in the GPU worker, the session keeps a RunLog of the rounds it yields); Step and Run to end are off.
+    allow_local: custom ids may name local folders (False on a public Space).
+    """
 
     OUTPUTS = ("session", "status", "tokens", "phases", "stats", "pq_plot", "speed_plot", "round_dd", "pos_dd",
                "text", "recorded", "model")
 
-    def __init__(self, loader: PairLoader, startup: PairRequest):
+    def __init__(self, loader: PairLoader, startup: PairRequest, *, detached: bool = False, allow_local: bool = True):
         self.loader = loader
         self.startup = startup
+        self.detached = detached
+        self.allow_local = allow_local
         self.startup_job = loader.request(startup)
 
     # -- rendering -------------------------------------------------------------------------------------------
     def costs(self, session: Session) -> tuple[float | None, float | None]:
+        if session.log is not None and session.log.costs[0] is not None:
+            return session.log.costs
         c = session.job.costs if session.job else None
         return (c.target_ms, c.draft_ms) if c else (None, None)
 
@@ -193,7 +249,7 @@ class Playground:
         rounds = session.rounds
         target_ms, draft_ms = self.costs(session)
         tokens = (render_prompt(session.prompt) if session.prompt else "") + "".join(session.round_html)
-        text = session.decoder.text if session.decoder else ""
+        text = session.run.text if session.run is not None else ""
         if rounds and not charts:
             pq = speed = round_dd = pos_dd = gr.skip()
         elif rounds:
@@ -230,11 +286,15 @@ class Playground:
         target_ms, draft_ms = self.costs(session)
         rounds = session.rounds
         m = summarize(rounds, target_ms, draft_ms) if rounds else None
+        if session.log is not None and session.log.trace is not None:
+            label = session.log.label
+        else:
+            label = session.job.request.label if session.job else None
         return {
             "rounds": list(session.round_dicts),
             "speedup": m.speedup if m else None,
             "c": m.c if m else None,
-            "pair": session.job.request.label if session.job else None,
+            "pair": label,
         }
 
     def error_view(self, session: Session, message: str) -> tuple:
@@ -244,7 +304,7 @@ class Playground:
     # -- model loading ---------------------------------------------------------------------------------------
     def wait_for_pair(self, session: Session, controls: Controls, run: int):
         """Yield loading views until the requested pair is loaded and its step costs are measured."""
-        job = self.loader.request(controls.pair_request())
+        job = self.loader.request(controls.pair_request(self.allow_local))
         while not job.wait(0.5):
             if session.run_id != run:
                 return None
@@ -263,6 +323,7 @@ class Playground:
 
         Returns False if a newer action superseded this one while the models loaded.
         """
+        controls.check_prompt()
         settings = controls.settings()  # validate before any loading, so bad input fails at once
         job = yield from self.wait_for_pair(session, controls, run)
         if job is None or session.run_id != run:
@@ -272,6 +333,10 @@ class Playground:
         return True
 
     # -- stepping --------------------------------------------------------------------------------------------
+    def pace(self, session: Session) -> None:
+        """Wait out MIN_ROUND_INTERVAL_S since the last round (see there); call under the session lock."""
+        time.sleep(max(0.0, session.round_at + MIN_ROUND_INTERVAL_S - time.perf_counter()))
+
     def step_once(self, session: Session, run: int) -> Round | None:
         """One round under the session lock, unless the run was superseded or the decoder is done."""
         session.acquire()
@@ -279,7 +344,7 @@ class Playground:
             if session.run_id != run or session.decoder is None or session.decoder.done:
                 return None
             # Pacing (see MIN_ROUND_INTERVAL_S) also keeps queued Steps' updates from overtaking each other.
-            time.sleep(max(0.0, session.round_at + MIN_ROUND_INTERVAL_S - time.perf_counter()))
+            self.pace(session)
             if session.run_id != run:
                 return None
             session.round_at = time.perf_counter()
@@ -289,6 +354,13 @@ class Playground:
         finally:
             session.lock.release()
 
+    def charts_due(self, session: Session) -> bool:
+        now = time.perf_counter()
+        if now - session.charts_at >= CHART_INTERVAL_S:
+            session.charts_at = now
+            return True
+        return False
+
     def stream(self, session: Session, run: int):
         """Run rounds until the end (or until superseded), yielding a view after each."""
         dec = session.decoder
@@ -297,18 +369,63 @@ class Playground:
             if rnd is None or session.run_id != run:
                 yield from self.interrupted(session)
                 return
-            now = time.perf_counter()
-            charts = now - session.charts_at >= CHART_INTERVAL_S
-            if charts:
-                session.charts_at = now
-            yield self.view(session, "busy", progress_message(dec, rnd), charts=charts)
+            yield self.view(session, "busy", progress_message(dec, rnd), charts=self.charts_due(session))
         yield self.view(session, "ok", finished_message(dec), recorded=True)
         log_run(session)
 
+    def stream_detached(self, session: Session, controls: Controls, run: int):
+        """The ZeroGPU Generate: load (in this process), then decode in one gpu_run.decode_rounds call, recording
+        the rounds it yields into a RunLog. Stop and Reset end the stream at the next round, as for a live run."""
+        controls.check_prompt()
+        settings = controls.settings()
+        job = yield from self.wait_for_pair(session, controls, run)
+        if job is None or session.run_id != run:
+            yield from self.interrupted(session)
+            return
+        pair, req = job.pair, job.request
+        # The tokenizer is all this needs, so a bad prompt fails here without asking for a GPU.
+        prompt_ids = encode_prompt(pair.tokenizer, controls.prompt, settings.chat)
+        log = RunLog(settings=settings, models=pair.describe(), prompt_ids=prompt_ids, prompt=controls.prompt)
+        if job.costs:
+            log.costs = (job.costs.target_ms, job.costs.draft_ms)
+        session.start(None, job, controls.prompt, log=log)
+        yield self.view(session, "busy", "Waiting for a GPU, then decoding…")
+        events = gpu_run.decode_rounds(req.name, req.target, req.draft, self.loader.dtype, self.loader.device,
+                                       controls.prompt, settings, job.costs is None)
+        try:
+            for event in events:
+                if event[0] == "costs":
+                    job.costs = event[1]
+                    log.costs = (job.costs.target_ms, job.costs.draft_ms)
+                    continue
+                _, rnd, text = event
+                session.acquire()
+                try:
+                    if session.run_id != run:
+                        break
+                    self.pace(session)
+                    session.round_at = time.perf_counter()
+                    log.rounds.append(rnd)
+                    log.text, log.stop_reason = text, rnd.stop_reason
+                    session.record(rnd)
+                finally:
+                    session.lock.release()
+                if session.run_id != run:
+                    break
+                if not log.done:
+                    yield self.view(session, "busy", progress_message(log, rnd), charts=self.charts_due(session))
+        finally:
+            events.close()
+        if session.run_id != run:
+            yield from self.interrupted(session)
+            return
+        yield self.view(session, "ok", finished_message(log), recorded=True)
+        log_run(session)
+
     def interrupted(self, session: Session):
-        """A stream was superseded. Stop and Reset leave it their request: carrying it out here, as the stream's own
-        last update, keeps it ordered after every update the stream sent (no stale 'Generating…' afterwards).
-        After Step or a new Generate the stream just ends; that action renders."""
+        """A stream was superseded. Stop, Reset and trace import leave it their request: carrying it out here, as
+        the stream's own last update, keeps it ordered after every update the stream sent (no stale
+        'Generating…' afterwards). After Step or a new Generate the stream just ends; that action renders."""
         what, run = session.interrupt or ("", -1)
         if run != session.run_id:
             return
@@ -317,6 +434,8 @@ class Playground:
             yield self.stopped_view(session)
         elif what == "reset":
             yield self.reset_view(session)
+        elif what == "replay":
+            yield self.replay_view(session)
 
     def streaming(self, session: Session, handler):
         """Run a streaming handler with session.streamer set, so Stop and Reset know to leave it a request."""
@@ -336,7 +455,9 @@ class Playground:
 
         def run_(run: int):
             yield self.view(session, "busy", "Starting…")
-            if (yield from self.new_decoder(session, controls, run)):
+            if self.detached:
+                yield from self.stream_detached(session, controls, run)
+            elif (yield from self.new_decoder(session, controls, run)):
                 yield self.view(session, "busy", "Prefilling the prompt…")
                 yield from self.stream(session, run)
             else:
@@ -347,6 +468,9 @@ class Playground:
     def run_to_end(self, session: Session | None, *inputs):
         """Continue the current run to its end (starting one from the controls if there is none)."""
         session = session or Session()
+        if self.detached:
+            yield self.view(session, "info", DETACHED_STEP_MESSAGE)
+            return
 
         def run_(run: int):
             if session.decoder is None:
@@ -368,6 +492,9 @@ class Playground:
         one after another under the session lock.
         """
         session = session or Session()
+        if self.detached:
+            yield self.view(session, "info", DETACHED_STEP_MESSAGE)
+            return
         run = session.new_run() if session.streamer is not None else session.run_id
         if session.decoder is None and not (yield from self.new_decoder(session, Controls(*inputs), run)):
             return
@@ -401,13 +528,53 @@ class Playground:
             return tuple(gr.skip() for _ in self.OUTPUTS)
         return self.reset_view(session)
 
+    def import_trace(self, session: Session | None, path):
+        """Replay an uploaded trace file: validate it, then show its rounds as a run; no model is loaded.
+
+        A malformed file raises TraceError, which `guarded` shows as the status message; the current run stays.
+        """
+        session = session or Session()
+        if not path:
+            raise TraceError("no trace file was uploaded; choose a .json file exported by specdec")
+        if not isinstance(path, (str, os.PathLike)):
+            raise TraceError(f"expected an uploaded trace file, got {type(path).__name__}")
+        log = log_from_trace(load_trace_file(path))
+        run = session.new_run()
+        session.start(None, None, prompt_text(log.prompt), log=log)
+        if session.streamer is not None:  # the stream renders the replay as its last update (see interrupted)
+            session.interrupt = ("replay", run)
+            return tuple(gr.skip() for _ in self.OUTPUTS)
+        return self.replay_view(session)
+
+    def replay_view(self, session: Session) -> tuple:
+        return self.view(session, "ok", describe_replay(session.log), recorded=True)
+
+    def export_trace(self, session: Session | None) -> str | None:
+        """Write the session's run as a trace file; returns its path, or None when there is no run to export.
+
+        A live run is read under the session lock, so a round in flight never lands half-way into the file.
+        """
+        if session is None or not session.rounds:
+            return None
+        session.acquire()
+        try:
+            run = session.run
+            text = trace_json(run, self.costs(session), session.prompt, bool(run.settings.chat))
+            label = run.pair.describe().get("name", "run")
+        finally:
+            session.lock.release()
+        return str(write_trace(text, label))
+
     def stopped_view(self, session: Session) -> tuple:
-        dec = session.decoder
-        if dec is None:
+        run = session.run
+        if run is None:
             return self.view(session, "info", "Nothing is running.", recorded=True)
-        if dec.done:
-            return self.view(session, "ok", finished_message(dec), recorded=True)
-        return self.view(session, "info", f"Stopped after {len(dec.rounds)} rounds ({len(dec.generated_ids)} tokens). "
+        if run.done:
+            return self.view(session, "ok", finished_message(run), recorded=True)
+        if session.decoder is None:  # a RunLog: nothing to continue
+            return self.view(session, "info", f"Stopped after {len(run.rounds)} rounds ({len(run.generated_ids)} "
+                                              "tokens). Generate starts a new run.", recorded=True)
+        return self.view(session, "info", f"Stopped after {len(run.rounds)} rounds ({len(run.generated_ids)} tokens). "
                                           "Step or Run to end continues; Generate starts over.", recorded=True)
 
     def reset_view(self, session: Session) -> tuple:
@@ -496,12 +663,12 @@ def position_choices(rnd: Round) -> list[tuple[str, int]]:
     return out
 
 
-def progress_message(dec: SpeculativeDecoder, rnd: Round) -> str:
+def progress_message(dec: SpeculativeDecoder | RunLog, rnd: Round) -> str:
     return (f"Generating… round {rnd.index + 1} · {len(dec.generated_ids)}/{dec.settings.max_new_tokens} tokens · "
             f"last round: {describe_round(rnd)}")
 
 
-def finished_message(dec: SpeculativeDecoder) -> str:
+def finished_message(dec: SpeculativeDecoder | RunLog) -> str:
     why = {"eos": "end of text", "max_new_tokens": "token limit reached"}.get(dec.stop_reason, "finished")
     return f"Done: {len(dec.generated_ids)} tokens in {len(dec.rounds)} rounds ({why})."
 
@@ -512,7 +679,7 @@ def log_run(session: Session) -> None:
     if not rounds or not ui:
         return
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    print(f"[specdec] run: {len(rounds)} rounds, {len(session.decoder.generated_ids)} tokens; median round_ms "
+    print(f"[specdec] run: {len(rounds)} rounds, {len(session.run.generated_ids)} tokens; median round_ms "
           f"{med([r.round_ms for r in rounds]):.1f} (engine), median render {med(ui):.1f} ms/update (UI)",
           file=sys.stderr, flush=True)
 
@@ -533,7 +700,7 @@ def guarded(handler, n_outputs: int | None = None):
         message = str(exc) if isinstance(exc, SpecDecError) else f"Unexpected error ({type(exc).__name__}): {exc}"
         if n_outputs is not None:
             gr.Warning(message)
-            return tuple(gr.skip() for _ in range(n_outputs))
+            return gr.skip() if n_outputs == 1 else tuple(gr.skip() for _ in range(n_outputs))
         session = args[0] if args and isinstance(args[0], Session) else Session()
         return pg.error_view(session, message)
 
