@@ -64,16 +64,20 @@ def start_app(env_extra: dict, log_path: Path, timeout: float = 180.0):
     raise RuntimeError(f"app.py did not answer within {timeout}s:\n{log_path.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="session")
-def app_url():
-    """The app on the tiny test pair, shared by all browser and API tests of a session."""
-    proc, url = start_app({"SPECDEC_PAIR": "tiny"}, ARTIFACTS / "app-tiny.log")
-    yield url
+def stop_app(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """The app on the tiny test pair, shared by all browser and API tests of a session."""
+    proc, url = start_app({"SPECDEC_PAIR": "tiny"}, ARTIFACTS / "app-tiny.log")
+    yield url
+    stop_app(proc)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import threading
 import time
 import urllib.request
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ARTIFACTS, start_app
+from tests.conftest import ARTIFACTS, start_app, stop_app
 
 N_SESSIONS = 8
 CONCURRENCY = 2  # the app's default SPECDEC_CONCURRENCY: six of the eight sessions wait in the queue at first
@@ -74,11 +73,7 @@ def app_proc():
            "SPECDEC_CONCURRENCY": str(CONCURRENCY)}
     proc, url = start_app(env, ARTIFACTS / "app-concurrency.log")
     yield proc, url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_app(proc)
 
 
 class Stream(threading.Thread):

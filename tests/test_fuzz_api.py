@@ -13,7 +13,6 @@ import copy
 import json
 import os
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ARTIFACTS, start_app
+from tests.conftest import ARTIFACTS, start_app, stop_app
 
 CALL_TIMEOUT_S = 90.0
 EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "60"))  # random calls after the fixed edge cases
@@ -338,11 +337,7 @@ def fuzz_app():
     log = ARTIFACTS / "app-fuzz.log"
     proc, url = start_app(env, log)
     yield proc, url, log
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_app(proc)
 
 
 @pytest.fixture(scope="module")
