@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, plain_decode
+from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, measure_step_costs, plain_decode
 from .metrics import alpha_estimate, predicted_speedup
 from .sampling import SamplingConfig
 
@@ -118,13 +118,6 @@ def run_ours_spec(pair, prompt, s):
     rejections = sum(r.rejected_at is not None for r in dec.rounds)
     return len(dec.generated_ids), sec, {"drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds,
                                          "rejections": rejections}
-
-
-def step_costs(pair, prompt="The quick brown fox", n=12) -> tuple[float, float]:
-    """Median ms per token of plain decoding with the target and with the draft alone."""
-    s = DecodeSettings(max_new_tokens=n + 1)
-    med = lambda xs: statistics.median(xs[1:])  # noqa: E731
-    return med(plain_decode(pair, prompt, s).token_ms), med(plain_decode(pair, prompt, s, model="draft").token_ms)
 
 
 def _median_tok_s(samples: list[Sample]) -> float:
@@ -250,7 +243,8 @@ def render_overhead(pair, prompts, max_new, gamma, log) -> dict:
     from components import pq_figure, render_phases, render_round, render_stats, speedup_figure
 
     gen_ms = render_ms = 0.0
-    target_ms, draft_ms = step_costs(pair, n=4)
+    costs = measure_step_costs(pair, n_tokens=4)
+    target_ms, draft_ms = costs.target_ms, costs.draft_ms
     for kind, kind_prompts in prompts.items():
         for prompt in kind_prompts:
             dec = SpeculativeDecoder(pair, prompt, DecodeSettings(gamma=gamma, max_new_tokens=max_new,
@@ -280,7 +274,8 @@ def cmd_bench(args) -> int:
     prompts = {k: PROMPTS[k][:1] if args.quick else PROMPTS[k] for k in kinds}
     dv = args.draft_vocab
     pair = load_from_args(args)
-    target_ms, draft_ms = step_costs(pair)
+    costs = measure_step_costs(pair, n_tokens=12)
+    target_ms, draft_ms = costs.target_ms, costs.draft_ms
     c = draft_ms / target_ms
     log(f"step cost: target {target_ms:.1f} ms/token, draft {draft_ms:.1f} ms/token, c = {c:.3f}")
     result = {"models": pair.describe(), "draft_vocab": dv, "max_new_tokens": max_new, "repeats": repeats, "c": c,
