@@ -65,6 +65,15 @@ class BackgroundPair:
             self.error = f"the model pair '{self.name}' failed to load: {exc}"
 
 
+def await_pair(get_pair: Callable):
+    """For streaming handlers: yields (no change, warning) updates while the pair loads; returns the pair or None."""
+    pair = None
+    for pair, problem in wait_for_pair(get_pair):
+        if problem:
+            yield gr.update(), view.message_html(problem, "warn")
+    return pair
+
+
 def wait_for_pair(get_pair: Callable, timeout_s: float = 300.0, poll_s: float = 1.0):
     """Yield (None, progress message) while the pair loads, then (pair, None) or (None, error message).
 
@@ -194,10 +203,7 @@ def run_lab(n, seed, repair, n_tokens, *cells):
 
 def run_real(get_pair, prefix, temperature, top_k, top_p, gamma, n, k, seed):
     """Generator: p0/q0 and the vectorized draws first (seconds), then the K real rounds with progress."""
-    pair = None
-    for pair, problem in wait_for_pair(get_pair):
-        if problem:
-            yield gr.update(), view.message_html(problem, "warn")
+    pair = yield from await_pair(get_pair)
     if pair is None:
         return
     try:
@@ -403,13 +409,8 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
 
     def real_handler(*args):
         # Wait for loading models here, in the app's process, so a ZeroGPU call never holds a GPU while waiting.
-        pair = None
-        for pair, problem in wait_for_pair(get_pair):
-            if problem:
-                yield gr.update(), view.message_html(problem, "warn")
-        if pair is None:
-            return
-        yield from run_real_gpu(source, *args)
+        if (yield from await_pair(get_pair)) is not None:
+            yield from run_real_gpu(source, *args)
 
     # The handler streams its own progress messages, so no overlay hides them.
     real_run.click(real_handler, [prefix, temp, top_k, top_p, gamma, real_n, real_k, real_seed], [real_plot, real_out],
