@@ -166,7 +166,7 @@ class SpeculativeDecoder:
         prefill_ms = (time.perf_counter() - t_pre) * 1e3 if first else 0.0
         remaining = s.max_new_tokens - len(self.generated_ids)
         # Drafting past the token budget is wasted work: at most remaining-1 guesses plus the repair/bonus.
-        gamma = max(1, min(self.gamma, remaining - 1)) if remaining > 1 else 1
+        gamma = max(1, min(self.gamma, remaining - 1))
         _sync(dev)
         t0 = time.perf_counter()
         if self._t_start is None:
