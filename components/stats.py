@@ -47,7 +47,7 @@ def render_stats(rounds: list[Round], target_ms: float | None = None, draft_ms: 
         _stat("tokens per round", f"{m.tokens_per_round:.2f}",
               "committed tokens per round, counting the repaired or bonus token (1 to γ+1)", "tokens_per_round"),
         _stat("tokens / s", f"{m.tok_s:.1f}",
-              "speculative throughput over round wall time (prefill excluded)"
+              "speculative throughput over round wall time (round one includes the prompt)"
               + (f"; plain target decoding: {m.baseline_tok_s:.1f} tok/s" if m.baseline_tok_s else ""), "tok_s"),
         _stat("target passes saved", f"{passes_saved(m)}",
               f"{m.generated} tokens generated with {m.rounds} target passes (plain decoding needs one per token)",

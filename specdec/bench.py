@@ -11,7 +11,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -41,15 +41,16 @@ CONTENDERS = ("hf_plain", "hf_assisted", "ours_plain", "ours_spec")
 
 
 def add_bench_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--quick", action="store_true", help="one prompt per kind, 24 tokens, 1 repeat (< 3 min on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="one prompt per kind, 20 tokens, 1 repeat (< 3 min on 2 cores)")
     ap.add_argument("--gamma", default="4", help="draft length, or 'auto' to compare adaptive policies")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--modes", default="greedy,sampled", help="comma list of greedy,sampled (temperature 0.7)")
     ap.add_argument("--kinds", default="code,prose,chat")
     ap.add_argument("--sweep-gamma", default=None, help="e.g. 1..12: measured vs predicted speedup per gamma")
-    ap.add_argument("--draft-vocab", type=int, default=0,
-                    help="(d) only: the draft proposes token ids below N (plus EOS); 0 = full vocabulary")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="our loop's draft head: ids below N plus EOS and the text's own tokens; 0 = full "
+                         "vocabulary; default: 65536 for large vocabularies")
     ap.add_argument("--out", default="bench-results/bench.json")
 
 
@@ -107,7 +108,7 @@ def run_ours_plain(pair, prompt, s):
     return len(res.ids), time.perf_counter() - t0, {}
 
 
-def run_ours_spec(pair, prompt, s):
+def run_ours_spec(pair, prompt, s, keep_rounds: list | None = None):
     t0 = time.perf_counter()
     dec = SpeculativeDecoder(pair, prompt, s)
     for _ in dec:
@@ -115,6 +116,8 @@ def run_ours_spec(pair, prompt, s):
     _sync(pair)
     sec = time.perf_counter() - t0
     t = dec.totals
+    if keep_rounds is not None:
+        keep_rounds.append(dec.rounds)
     rejections = sum(r.rejected_at is not None for r in dec.rounds)
     return len(dec.generated_ids), sec, {"drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds,
                                          "rejections": rejections}
@@ -151,25 +154,29 @@ def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
     }
 
 
-def run_one(pair, name, prompt, s: DecodeSettings) -> tuple[int, float, dict]:
+def run_one(pair, name, prompt, s: DecodeSettings, keep_rounds: list | None = None) -> tuple[int, float, dict]:
     if name in ("hf_plain", "hf_assisted"):
         return run_hf(pair, encode_prompt(pair.tokenizer, prompt, s.chat), s, name == "hf_assisted", s.gamma)
-    return (run_ours_plain if name == "ours_plain" else run_ours_spec)(pair, prompt, s)
+    if name == "ours_plain":
+        return run_ours_plain(pair, prompt, s)
+    return run_ours_spec(pair, prompt, s, keep_rounds)
 
 
 def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print,
-             draft_vocab=0) -> list[Sample]:
+             draft_vocab=None, keep_rounds: list | None = None) -> list[Sample]:
     jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
     kind, mode, prompt = jobs[0]
     for name in contenders:  # warm-up: first calls pay one-time allocation and dispatch costs
         run_one(pair, name, prompt, DecodeSettings(gamma=gamma, max_new_tokens=4, chat=kind == "chat"))
     samples = []
     for rep in range(1, repeats + 1):
-        for kind, mode, prompt in jobs:
+        for j, (kind, mode, prompt) in enumerate(jobs):
             s = DecodeSettings(gamma=gamma, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
                                chat=kind == "chat", draft_vocab=draft_vocab)
-            for name in contenders:  # interleaved: A B C D A B C D ...
-                n, sec, extra = run_one(pair, name, prompt, s)
+            # Interleaved, and rotated per prompt (A B C D, B C D A, ...) so no contender always runs first.
+            k = (j + rep - 1) % len(contenders)
+            for name in contenders[k:] + contenders[:k]:
+                n, sec, extra = run_one(pair, name, prompt, s, keep_rounds)
                 samples.append(Sample(name, kind, mode, prompt, n, sec, extra))
                 log(f"  rep {rep} {mode:7s} {kind:5s} {name:11s} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
     return samples
@@ -182,7 +189,8 @@ def _fmt(x, spec="{:.2f}"):
     return "-" if x is None else spec.format(x)
 
 
-def print_table(groups: dict, out=sys.stdout) -> None:
+def print_table(groups: dict, out=None) -> None:
+    out = out or sys.stdout
     head = (f"{'group':16s} {'hf_plain':>8s} {'hf_assist':>9s} {'ours_pl':>8s} {'ours_sp':>8s} {'(d)/(a)':>8s} "
             f"{'(d)/(b)':>8s} {'(c)/(a)':>8s} {'alpha':>6s} {'tok/rnd':>7s} {'c':>5s} {'meas':>5s} {'pred':>5s} "
             f"{'m/p':>5s}")
@@ -203,61 +211,83 @@ def _parse_range(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def sweep(pair, gammas, prompts, modes, max_new, c, log, draft_vocab=0) -> list[dict]:
+def _tok_s(samples: list[Sample]) -> float:
+    secs = sum(x.seconds for x in samples)
+    return sum(x.tokens for x in samples) / secs if secs else 0.0
+
+
+def sweep(pair, gammas, prompts, modes, max_new, repeats, c, log, draft_vocab=None) -> list[dict]:
+    """Our plain baseline and our loop at each gamma, interleaved per prompt: measured vs predicted speedup."""
+    jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
+    run_ours_spec(pair, jobs[0][2], DecodeSettings(gamma=gammas[0], max_new_tokens=4))  # warm-up
+    base: list[Sample] = []
+    spec: dict[int, list[Sample]] = {g: [] for g in gammas}
+    for rep in range(1, repeats + 1):
+        for kind, mode, prompt in jobs:
+            s = DecodeSettings(max_new_tokens=max_new, sampling=_sampling(mode), seed=rep, chat=kind == "chat",
+                               draft_vocab=draft_vocab)
+            n, sec, _ = run_ours_plain(pair, prompt, s)
+            base.append(Sample("ours_plain", kind, mode, prompt, n, sec))
+            for g in gammas:
+                n, sec, extra = run_ours_spec(pair, prompt, replace(s, gamma=g))
+                spec[g].append(Sample(f"ours_spec-{g}", kind, mode, prompt, n, sec, extra))
+                log(f"  rep {rep} {mode:7s} {kind:5s} gamma={g:2d} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
     rows = []
-    base = run_grid(pair, prompts, modes, 1, max_new, 1, contenders=("ours_plain",), log=log)
-    base_tok_s = _median_tok_s(base)
-    for g in gammas:
-        spec = run_grid(pair, prompts, modes, g, max_new, 1, contenders=("ours_spec",), log=log,
-                        draft_vocab=draft_vocab)
-        alpha = alpha_estimate(sum(x.extra["accepted"] for x in spec), sum(x.extra["rejections"] for x in spec))
-        measured = _median_tok_s(spec) / base_tok_s
-        rows.append({"gamma": g, "alpha": alpha, "measured_speedup": measured,
+    for g, xs in spec.items():
+        alpha = alpha_estimate(sum(x.extra["accepted"] for x in xs), sum(x.extra["rejections"] for x in xs))
+        rows.append({"gamma": g, "alpha": alpha, "tok_s": _tok_s(xs), "measured_speedup": _tok_s(xs) / _tok_s(base),
                      "predicted_speedup": predicted_speedup(alpha, g, c)})
     return rows
 
 
-def adaptive_compare(pair, prompts, modes, max_new, fixed, log, draft_vocab=0) -> list[dict]:
+ADAPTIVE_POLICIES = (("heuristic", 4), ("confidence", 8), ("expected", 4))  # (policy, starting / maximum gamma)
+
+
+def adaptive_compare(pair, prompts, modes, max_new, fixed, repeats, log, draft_vocab=None) -> list[dict]:
+    """Each adaptive policy against fixed gammas on the mixed prompt set, interleaved per prompt after a warm-up."""
+    policies = [("fixed", g) for g in fixed] + list(ADAPTIVE_POLICIES)
+    jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
+    for policy, g in policies:  # warm-up
+        run_ours_spec(pair, jobs[0][2], DecodeSettings(gamma=g, max_new_tokens=4, gamma_policy=policy))
+    samples: dict[tuple, list[Sample]] = {pg: [] for pg in policies}
+    for rep in range(1, repeats + 1):
+        for kind, mode, prompt in jobs:
+            for policy, g in policies:
+                s = DecodeSettings(gamma=g, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
+                                   chat=kind == "chat", gamma_policy=policy, draft_vocab=draft_vocab)
+                n, sec, extra = run_ours_spec(pair, prompt, s)
+                samples[(policy, g)].append(Sample(f"{policy}-{g}", kind, mode, prompt, n, sec, extra))
+                log(f"  rep {rep} {mode:7s} {kind:5s} {policy:10s} gamma={g:2d} {n:3d} tok {sec:6.2f} s "
+                    f"{n / sec:6.2f} tok/s  mean gamma {extra['drafted'] / extra['rounds']:.1f}")
     rows = []
-    policies = [("fixed", g) for g in fixed] + [("heuristic", 4), ("confidence", 8)]
-    for policy, g in policies:
-        samples = []
-        for mode in modes:
-            for kind, kind_prompts in prompts.items():
-                for prompt in kind_prompts:
-                    s = DecodeSettings(gamma=g, max_new_tokens=max_new, sampling=_sampling(mode), chat=kind == "chat",
-                                       gamma_policy=policy, draft_vocab=draft_vocab)
-                    n, sec, extra = run_ours_spec(pair, prompt, s)
-                    samples.append(Sample(f"{policy}-{g}", kind, mode, prompt, n, sec, extra))
-        tokens, secs = sum(x.tokens for x in samples), sum(x.seconds for x in samples)
-        rows.append({"policy": policy, "gamma": g, "tok_s": tokens / secs,
-                     "alpha": alpha_estimate(sum(x.extra["accepted"] for x in samples),
-                                             sum(x.extra["rejections"] for x in samples))})
-        log(f"  {policy:10s} gamma={g:2d}: {tokens / secs:.2f} tok/s over {len(samples)} runs")
+    for (policy, g), xs in samples.items():
+        rows.append({"policy": policy, "gamma": g, "tok_s": _tok_s(xs),
+                     "mean_gamma": sum(x.extra["drafted"] for x in xs) / sum(x.extra["rounds"] for x in xs),
+                     "alpha": alpha_estimate(sum(x.extra["accepted"] for x in xs),
+                                             sum(x.extra["rejections"] for x in xs))})
+    best_fixed = max(r["tok_s"] for r in rows if r["policy"] == "fixed")
+    for r in rows:
+        r["vs_best_fixed"] = r["tok_s"] / best_fixed
     return rows
 
 
-def render_overhead(pair, prompts, max_new, gamma, log) -> dict:
-    """Stream rounds into the app's renderers (tokens, phases, stats, both charts every round: the worst case,
-    the app throttles charts to once a second) and compare render time with generation time."""
+def render_overhead(runs: list[list], target_ms: float, draft_ms: float, log) -> dict:
+    """Replay the rounds of timed speculative runs through the app's renderers (tokens, phases, stats and both
+    charts for every round: the worst case, the app redraws charts at most once a second) and compare the
+    render time with the generation time of those same rounds."""
     from components import pq_figure, render_phases, render_round, render_stats, speedup_figure
 
     gen_ms = render_ms = 0.0
-    costs = measure_step_costs(pair, n_tokens=4)
-    target_ms, draft_ms = costs.target_ms, costs.draft_ms
-    for kind, kind_prompts in prompts.items():
-        for prompt in kind_prompts:
-            dec = SpeculativeDecoder(pair, prompt, DecodeSettings(gamma=gamma, max_new_tokens=max_new,
-                                                                  sampling=_sampling("sampled"), chat=kind == "chat"))
-            for rnd in dec:
-                t0 = time.perf_counter()
-                render_round(rnd)
-                render_phases(rnd)
-                render_stats(dec.rounds, target_ms, draft_ms)
-                pq_figure(rnd, rnd.rejected_at or 0).to_json()
-                speedup_figure(dec.rounds, target_ms, draft_ms).to_json()
-                render_ms += (time.perf_counter() - t0) * 1e3
-                gen_ms += rnd.round_ms
+    for rounds in runs:
+        for i, rnd in enumerate(rounds):
+            t0 = time.perf_counter()
+            render_round(rnd)
+            render_phases(rnd)
+            render_stats(rounds[: i + 1], target_ms, draft_ms)
+            pq_figure(rnd, rnd.rejected_at or 0).to_json()
+            speedup_figure(rounds[: i + 1], target_ms, draft_ms).to_json()
+            render_ms += (time.perf_counter() - t0) * 1e3
+            gen_ms += rnd.round_ms
     frac = render_ms / gen_ms if gen_ms else 0.0
     log(f"render overhead: {render_ms:.0f} ms rendering vs {gen_ms:.0f} ms generating = {frac:.2%}")
     return {"render_ms": render_ms, "generation_ms": gen_ms, "fraction": frac}
@@ -269,31 +299,34 @@ def cmd_bench(args) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     kinds = [k for k in args.kinds.split(",") if k]
     modes = [m for m in args.modes.split(",") if m]
-    max_new = args.max_new_tokens or (24 if args.quick else 64)
+    max_new = args.max_new_tokens or (20 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 3)
     prompts = {k: PROMPTS[k][:1] if args.quick else PROMPTS[k] for k in kinds}
     dv = args.draft_vocab
     pair = load_from_args(args)
-    costs = measure_step_costs(pair, n_tokens=12)
+    costs = measure_step_costs(pair, n_tokens=8 if args.quick else 16, draft_vocab=dv)
     target_ms, draft_ms = costs.target_ms, costs.draft_ms
     c = draft_ms / target_ms
     log(f"step cost: target {target_ms:.1f} ms/token, draft {draft_ms:.1f} ms/token, c = {c:.3f}")
     result = {"models": pair.describe(), "draft_vocab": dv, "max_new_tokens": max_new, "repeats": repeats, "c": c,
               "target_ms": target_ms, "draft_ms": draft_ms, "torch_threads": torch.get_num_threads()}
     if args.sweep_gamma:
-        rows = sweep(pair, _parse_range(args.sweep_gamma), prompts, modes, max_new, c, log, dv)
+        rows = sweep(pair, _parse_range(args.sweep_gamma), prompts, modes, max_new, repeats, c, log, dv)
         print(f"{'gamma':>5s} {'alpha':>6s} {'measured':>9s} {'predicted':>9s}")
         for r in rows:
             print(f"{r['gamma']:5d} {r['alpha']:6.3f} {r['measured_speedup']:9.2f} {r['predicted_speedup']:9.2f}")
         result["sweep"] = rows
     elif args.gamma == "auto":
-        rows = adaptive_compare(pair, prompts, modes, max_new, [2, 4, 6, 8], log, dv)
+        rows = adaptive_compare(pair, prompts, modes, max_new, [2, 3, 4, 6, 8], repeats, log, dv)
+        print(f"{'policy':10s} {'gamma':>5s} {'tok/s':>6s} {'vs best fixed':>13s} {'mean gamma':>10s} {'alpha':>6s}")
         for r in rows:
-            print(f"{r['policy']:10s} gamma={r['gamma']:2d} {r['tok_s']:6.2f} tok/s  alpha={r['alpha']:.3f}")
+            print(f"{r['policy']:10s} {r['gamma']:5d} {r['tok_s']:6.2f} {r['vs_best_fixed']:13.2f} "
+                  f"{r['mean_gamma']:10.2f} {r['alpha']:6.3f}")
         result["adaptive"] = rows
     else:
         gamma = int(args.gamma)
-        samples = run_grid(pair, prompts, modes, gamma, max_new, repeats, log=log, draft_vocab=dv)
+        spec_runs: list[list] = []
+        samples = run_grid(pair, prompts, modes, gamma, max_new, repeats, log=log, draft_vocab=dv, keep_rounds=spec_runs)
         groups = {}
         for mode in modes:
             for kind in kinds:
@@ -303,7 +336,7 @@ def cmd_bench(args) -> int:
         groups["all"] = summarize_group(samples, gamma, c)
         print_table(groups)
         result.update(gamma=gamma, groups=groups, samples=[x.__dict__ for x in samples])
-        result["render"] = render_overhead(pair, prompts, max_new, gamma, log)
+        result["render"] = render_overhead(spec_runs, target_ms, draft_ms, log)
         print(f"render overhead (app components, charts every round): {result['render']['fraction']:.2%} of "
               "generation time")
     out = Path(args.out)

@@ -42,9 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     g.add_argument("--gamma", type=_gamma, default=4, help="draft tokens per round, or 'auto' (adaptive)")
-    g.add_argument("--adaptive", choices=["heuristic", "confidence"], default="heuristic",
-                   help="with --gamma auto: +2/-1 schedule, or stop drafting below --confidence-threshold")
+    g.add_argument("--adaptive", choices=["expected", "heuristic", "confidence"], default="expected",
+                   help="with --gamma auto: the gamma with the best predicted speedup from running alpha and c "
+                        "estimates, the +2/-1 schedule, or stop drafting below --confidence-threshold")
     g.add_argument("--confidence-threshold", type=float, default=0.4)
+    g.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft head: ids below N plus EOS and the text's own tokens; 0 = full vocabulary; "
+                        "default: 65536 for large vocabularies")
     g.add_argument("--max-new-tokens", type=int, default=64)
     _add_sampling_args(g)
     _add_model_args(g)
@@ -72,6 +76,7 @@ def decode_settings(args):
         chat=args.chat,
         gamma_policy=args.adaptive if auto else "fixed",
         confidence_threshold=args.confidence_threshold,
+        draft_vocab=args.draft_vocab,
     ).validate()
 
 

@@ -16,7 +16,8 @@ import torch
 from .drafters import DraftModelDrafter, Drafter
 from .errors import InvalidInputError
 from .events import Round, TokenProb, Totals
-from .kvcache import CachedLM
+from .kvcache import PLAIN_HEAD_TYPES, CachedLM
+from .metrics import predicted_speedup
 from .models import ModelPair
 from .sampling import SamplingConfig, sample, warp
 from .verify import verify
@@ -25,7 +26,8 @@ MAX_GAMMA = 16
 MAX_NEW_TOKENS = 4096
 MAX_PROMPT_TOKENS = 8192
 TOP_DISPLAY = 8  # how many candidates per position a Round carries for display
-GAMMA_POLICIES = ("fixed", "heuristic", "confidence")
+GAMMA_POLICIES = ("fixed", "heuristic", "confidence", "expected")
+AUTO_DRAFT_VOCAB = 65536  # draft head size when draft_vocab is None and the vocabulary is at least twice this
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,14 @@ class DecodeSettings:
     sampling: SamplingConfig = SamplingConfig()
     seed: int = 0
     chat: bool = False
-    gamma_policy: str = "fixed"  # "heuristic": +2 after a fully accepted round, -1 otherwise
+    # "heuristic": +2 after a fully accepted round, -1 otherwise. "confidence": draft up to gamma tokens, ending
+    # after one the draft is unsure of. "expected": each round, the gamma with the best predicted speedup for
+    # running estimates of alpha and c.
+    gamma_policy: str = "fixed"
     confidence_threshold: float = 0.4  # used by gamma_policy="confidence"
-    draft_vocab: int = 0  # > 0: the draft only proposes token ids below this (plus EOS); 0 = full vocabulary
+    # > 0: the draft's head covers ids below this, EOS and the text's own tokens; 0 = full vocabulary;
+    # None = AUTO_DRAFT_VOCAB for large vocabularies, else full
+    draft_vocab: int | None = None
 
     def validate(self) -> "DecodeSettings":
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_GAMMA:
@@ -49,7 +56,8 @@ class DecodeSettings:
             raise InvalidInputError(f"seed must be a whole number from 0 to 2**63-1, got {self.seed!r}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise InvalidInputError(f"gamma policy must be one of {', '.join(GAMMA_POLICIES)}, got {self.gamma_policy!r}")
-        if isinstance(self.draft_vocab, bool) or not isinstance(self.draft_vocab, int) or self.draft_vocab < 0:
+        dv = self.draft_vocab
+        if dv is not None and (isinstance(dv, bool) or not isinstance(dv, int) or dv < 0):
             raise InvalidInputError(f"draft vocabulary limit must be a whole number >= 0, got {self.draft_vocab!r}")
         if not 0 <= self.confidence_threshold < 1:
             raise InvalidInputError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold!r}")
@@ -86,6 +94,15 @@ def encode_prompt(tokenizer, prompt, chat: bool = False) -> list[int]:
     return ids
 
 
+def resolve_draft_vocab(pair: ModelPair, draft_vocab: int | None) -> int:
+    """The draft head size to use: None picks AUTO_DRAFT_VOCAB where it saves a large share of the draft's
+    projection (vocabulary at least twice as big, plain lm_head architecture), else the full vocabulary."""
+    if draft_vocab is not None:
+        return draft_vocab
+    big = pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB
+    return AUTO_DRAFT_VOCAB if big and pair.draft.config.model_type in PLAIN_HEAD_TYPES else 0
+
+
 def make_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
@@ -118,7 +135,8 @@ class SpeculativeDecoder:
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(pair.device, settings.seed)
         threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
-        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold, settings.draft_vocab,
+        self.draft_vocab = resolve_draft_vocab(pair, settings.draft_vocab)
+        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold, self.draft_vocab,
                                                     pair.eos_token_ids)
         self.target = CachedLM(pair.target, pair.vocab_size)
         self.gamma = settings.gamma
@@ -126,7 +144,9 @@ class SpeculativeDecoder:
         self.rounds: list[Round] = []
         self.stop_reason: str | None = None
         self._t_start: float | None = None
-        self._prefilled = False
+        # Decayed per-token acceptance counts and draft/target cost ratio for gamma_policy="expected" (priors:
+        # alpha 0.7, c 0.5, worth a few rounds of evidence).
+        self._kept, self._tested, self._c = 2.8, 4.0, 0.5
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -141,14 +161,6 @@ class SpeculativeDecoder:
     def done(self) -> bool:
         return self.stop_reason is not None
 
-    def prefill(self) -> None:
-        """Run both models over the prompt once; afterwards only new tokens are ever fed."""
-        if not self._prefilled:
-            self.target.prefill(self.ids)
-            if hasattr(self.drafter, "prefill"):
-                self.drafter.prefill(self.ids)
-            self._prefilled = True
-
     def __iter__(self) -> Iterator[Round]:
         while not self.done:
             yield self.step()
@@ -159,11 +171,8 @@ class SpeculativeDecoder:
         if self.done:
             raise InvalidInputError("generation has finished; start a new run")
         s, dev, cfg = self.settings, self.pair.device, self.settings.sampling
-        t_pre = time.perf_counter()
-        first = not self._prefilled
-        self.prefill()
-        _sync(dev)
-        prefill_ms = (time.perf_counter() - t_pre) * 1e3 if first else 0.0
+        # No separate prefill: round one feeds the prompt together with its first draft step and its verification
+        # (one forward pass each, as for any round), and later rounds feed only tokens the caches lack.
         remaining = s.max_new_tokens - len(self.generated_ids)
         # Drafting past the token budget is wasted work: at most remaining-1 guesses plus the repair/bonus.
         gamma = max(1, min(self.gamma, remaining - 1))
@@ -191,7 +200,7 @@ class SpeculativeDecoder:
             self.stop_reason = "max_new_tokens"
         self.target.sync(self.ids)
         self.drafter.feedback(self.ids, verdict.n_accepted, g)
-        self._adapt_gamma(verdict.n_accepted, g)
+        self._adapt_gamma(verdict, g, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
         tt = self.totals
         tt.rounds += 1
@@ -204,14 +213,23 @@ class SpeculativeDecoder:
         rnd = self._event(draft, p, verdict, committed, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
         t3 = time.perf_counter()
         rnd.round_ms = (t3 - t0) * 1e3
-        rnd.prefill_ms = prefill_ms
         tt.elapsed_ms = rnd.totals.elapsed_ms = (t3 - self._t_start) * 1e3
         self.rounds.append(rnd)
         return rnd
 
-    def _adapt_gamma(self, n_accepted: int, drafted: int) -> None:
-        if self.settings.gamma_policy == "heuristic":
-            self.gamma = min(MAX_GAMMA, self.gamma + 2) if n_accepted == drafted else max(1, self.gamma - 1)
+    def _adapt_gamma(self, verdict, drafted: int, draft_ms: float, verify_ms: float) -> None:
+        policy, n_acc = self.settings.gamma_policy, verdict.n_accepted
+        if policy == "heuristic":
+            self.gamma = min(MAX_GAMMA, self.gamma + 2) if n_acc == drafted else max(1, self.gamma - 1)
+        elif policy == "expected":
+            decay = 0.8  # recent rounds count most: acceptance shifts with the content being written
+            self._kept = decay * self._kept + n_acc
+            self._tested = decay * self._tested + n_acc + (verdict.rejected_at is not None)
+            if self.totals.rounds > 0 and verify_ms > 0:  # round one also ran the prompt: its timing says little
+                # A round makes `drafted` draft passes (the catch-up rides on the first) and one target pass.
+                self._c = 0.7 * self._c + 0.3 * (draft_ms / drafted) / verify_ms
+            alpha = min(0.99, max(0.01, self._kept / self._tested))
+            self.gamma = max(range(1, MAX_GAMMA + 1), key=lambda g: predicted_speedup(alpha, g, self._c))
 
     def _event(self, draft, p, verdict, committed, draft_ms, verify_ms) -> Round:
         tok = self.tok
@@ -255,7 +273,7 @@ class SpeculativeDecoder:
 class BaselineResult:
     ids: list[int]
     text: str
-    token_ms: list[float]  # wall time of each decoding step (prefill excluded)
+    token_ms: list[float]  # wall time of each decoding step (the first one includes the prompt)
 
     @property
     def tok_s(self) -> float:
@@ -272,11 +290,14 @@ def plain_decode(pair: ModelPair, prompt, settings: DecodeSettings = DecodeSetti
     """Target-only (or draft-only) decoding with the same warps, caching and seed handling, timed per token."""
     s = settings.validate()
     prompt_ids = encode_prompt(pair.tokenizer, prompt, s.chat)
-    lm = CachedLM(pair.target if model == "target" else pair.draft, pair.vocab_size)
+    if model == "target":
+        lm = CachedLM(pair.target, pair.vocab_size)
+    else:  # the draft as the drafter runs it, reduced head included
+        lm = CachedLM(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, s.draft_vocab), pair.eos_token_ids)
+        lm.keep_in_head(prompt_ids)
     gen = make_generator(pair.device, s.seed)
     ids = list(prompt_ids)
-    lm.prefill(ids)
-    times = []
+    times = []  # the first step also runs the prompt, as generate() does
     for _ in range(s.max_new_tokens):
         _sync(pair.device)
         t0 = time.perf_counter()
@@ -307,9 +328,11 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2] if xs else 0.0
 
 
-def measure_step_costs(pair: ModelPair, n_tokens: int = 8, prompt: str = "The quick brown fox") -> StepCosts:
-    """Time plain greedy decoding of n_tokens with the target and with the draft (first step dropped as warm-up)."""
-    s = DecodeSettings(max_new_tokens=n_tokens + 1)
+def measure_step_costs(pair: ModelPair, n_tokens: int = 8, prompt: str = "The quick brown fox",
+                       draft_vocab: int | None = None) -> StepCosts:
+    """Time plain greedy decoding of n_tokens with the target and with the draft (first step dropped: it runs
+    the prompt and pays one-time costs)."""
+    s = DecodeSettings(max_new_tokens=n_tokens + 1, draft_vocab=draft_vocab)
     t = plain_decode(pair, prompt, s, model="target").token_ms[1:]
     d = plain_decode(pair, prompt, s, model="draft").token_ms[1:]
     return StepCosts(_median(t), _median(d))

@@ -24,10 +24,10 @@ class Totals:
     generated: int = 0  # tokens committed so far
     drafted: int = 0
     accepted: int = 0
-    target_passes: int = 0  # forward passes of the target, prefill excluded
+    target_passes: int = 0  # forward passes of the target: one per round (round one also runs the prompt)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
-    elapsed_ms: float = 0.0  # wall time since the first round started, prefill excluded
+    elapsed_ms: float = 0.0  # wall time since the first round started (it includes running the prompt)
 
     @property
     def acceptance_rate(self) -> float:
@@ -59,7 +59,6 @@ class Round:
     draft_ms: float
     verify_ms: float
     round_ms: float = 0.0  # whole round wall time: draft + verify + bookkeeping and building this event
-    prefill_ms: float = 0.0  # first round only: running both models over the prompt, before round_ms starts
     totals: Totals = field(default_factory=Totals)
     stop_reason: str | None = None  # "eos" or "max_new_tokens" on the final round
 

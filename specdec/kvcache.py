@@ -17,23 +17,41 @@ PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "phi3", "grani
 
 class CachedLM:
     def __init__(self, model: torch.nn.Module, vocab_size: int, head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
-        """head_vocab > 0 computes logits only for token ids < head_vocab (plus `always_keep`, e.g. EOS); the
-        other logits are -inf. Used for drafts: the vocabulary projection is a large share of a small model's
-        per-token cost, and q stays an exact distribution (zero outside the kept ids) that the draft samples from.
+        """head_vocab > 0 computes logits only for token ids < head_vocab (plus `always_keep`, e.g. EOS, plus any id
+        later passed to `keep_in_head`); the other logits are -inf. Used for drafts: the vocabulary projection is
+        a large share of a small model's per-token cost, and q stays an exact distribution (zero outside the kept
+        ids) that the draft samples from.
         """
         self.model = model
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
         self.cache = DynamicCache(config=model.config)
         self.ids: list[int] = []  # tokens whose keys/values are in the cache, in order
-        self.passes = 0
-        self.head_ids = self.head = None
+        self.head_cut = 0  # > 0: a reduced head over ids < head_cut plus self.extra_ids
+        self.extra_ids: list[int] = []
         if 0 < head_vocab < vocab_size:
             if model.config.model_type not in PLAIN_HEAD_TYPES:
                 raise ValueError(f"a reduced draft vocabulary is not supported for {model.config.model_type} models")
-            keep = sorted(set(range(head_vocab)) | {i for i in always_keep if i < vocab_size})
-            self.head_ids = torch.tensor(keep, device=self.device)
-            self.head = model.get_output_embeddings().weight.index_select(0, self.head_ids)
+            self.head_cut = head_vocab
+            weight = model.get_output_embeddings().weight
+            self.head = weight[:head_vocab]  # a view: no copy of the projection
+            self.extra_head = weight[:0]
+            self.keep_in_head(always_keep)
+
+    def keep_in_head(self, ids) -> None:
+        """Add token ids to a reduced head (no-op for a full one).
+
+        Text tends to repeat its own rare tokens (names, identifiers), so the drafter adds every prompt and
+        committed token: the draft can then propose them again even when their ids are above the cut.
+        """
+        if not self.head_cut:
+            return
+        new = sorted({int(i) for i in ids if self.head_cut <= int(i) < self.vocab_size} - set(self.extra_ids))
+        if new:
+            self.extra_ids += new
+            rows = self.model.get_output_embeddings().weight.index_select(0, torch.tensor(new, device=self.device))
+            self.extra_head = torch.cat([self.extra_head, rows])
+            self._extra_index = torch.tensor(self.extra_ids, device=self.device)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -59,24 +77,17 @@ class CachedLM:
     def feed(self, ids: list[int], n_logits: int = 1) -> torch.Tensor:
         """Append ids to the cache; return logits [n_logits, V] for the last n_logits fed positions."""
         inp = torch.tensor([ids], dtype=torch.long, device=self.device)
-        self.passes += 1
-        if self.head is None:
+        if not self.head_cut:
             out = self.model(input_ids=inp, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
             self.ids.extend(ids)
             return out.logits[0, -n_logits:, : self.vocab_size]
-        hidden = self.model.base_model(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state
+        hidden = self.model.base_model(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state[0, -n_logits:]
         self.ids.extend(ids)
-        sub = torch.nn.functional.linear(hidden[0, -n_logits:], self.head)
-        full = torch.full((n_logits, self.vocab_size), float("-inf"), dtype=sub.dtype, device=sub.device)
-        return full.index_copy_(1, self.head_ids, sub)
-
-    def prefill(self, committed: list[int]) -> None:
-        """Cache everything but the last committed token (the first round feeds that one)."""
-        self.sync(committed)
-        todo = committed[len(self.ids) : len(committed) - 1]
-        if todo:
-            self.feed(todo, 1)
-            self.passes -= 1  # prefill is not a decoding pass
+        logits = torch.full((n_logits, self.vocab_size), float("-inf"), dtype=hidden.dtype, device=hidden.device)
+        logits[:, : self.head_cut] = torch.nn.functional.linear(hidden, self.head)
+        if self.extra_ids:
+            logits[:, self._extra_index] = torch.nn.functional.linear(hidden, self.extra_head)
+        return logits
 
     def logits_after(self, committed: list[int], extra: list[int] = (), n_logits: int = 1) -> torch.Tensor:
         """Sync to committed, then feed the unseen committed tail plus `extra` in one forward pass."""

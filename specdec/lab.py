@@ -19,7 +19,7 @@ import torch
 from scipy.stats import chisquare
 
 from . import verify as verify_mod
-from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt
+from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, resolve_draft_vocab
 from .drafters import DraftModelDrafter
 from .errors import InvalidInputError
 from .events import Round, TokenProb
@@ -339,17 +339,16 @@ def first_token_rows(pair, prefix: str, sampling: SamplingConfig, chat: bool = F
     """p0 and q0 exactly as one SpeculativeDecoder round computes them.
 
     The draft row comes from DraftModelDrafter.propose and the target row is row 0 of the target's
-    verification pass over [last prompt token, draft token], both after the same prefill the decoder does,
+    verification pass over [prompt, draft token], fed in one pass each as the decoder's first round does,
     so the numbers match a real round up to the arithmetic of batching.
     """
     cfg = sampling.validate()
     ids = encode_prompt(pair.tokenizer, prefix, chat)
     gen = torch.Generator(device=pair.device).manual_seed(0)
-    drafter = DraftModelDrafter(pair.draft, pair.vocab_size)
-    drafter.prefill(ids)
+    drafter = DraftModelDrafter(pair.draft, pair.vocab_size, head_vocab=resolve_draft_vocab(pair, None),
+                                always_keep=pair.eos_token_ids)
     draft = drafter.propose(ids, 1, cfg, gen)
     target = CachedLM(pair.target, pair.vocab_size)
-    target.prefill(ids)
     p = warp(target.logits_after(ids, draft.tokens.tolist(), 2), cfg)
     return FirstTokenRows(ids, p[0].float().cpu(), draft.probs[0].float().cpu(), cfg)
 

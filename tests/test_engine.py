@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 
 from specdec.decoder import DecodeSettings, SpeculativeDecoder, plain_decode
 from specdec.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
+from specdec.kvcache import CachedLM
 from specdec.models import load_pair, tiny_models, tiny_tokenizer
 from specdec.sampling import SamplingConfig, warp
 
@@ -118,10 +119,24 @@ def test_stops_at_eos(tiny_pair):
 
 def test_reduced_draft_vocabulary_only_proposes_kept_ids(tiny_pair):
     dec, rounds = run(tiny_pair, gamma=4, max_new_tokens=40, sampling=SAMPLED, draft_vocab=30)
-    drafted = {t for r in rounds for t in r.draft_ids}
-    assert drafted and all(t < 30 or t in tiny_pair.eos_token_ids for t in drafted)
-    q_ids = {t.id for r in rounds for row in r.q_top for t in row}
-    assert all(t < 30 or t in tiny_pair.eos_token_ids for t in q_ids)  # q has no mass outside the kept ids
+    for r in rounds:
+        # kept: ids below the cut, EOS, and every token already in the text when the round started
+        seen = set(dec.prompt_ids) | set(dec.generated_ids[: r.position]) | set(tiny_pair.eos_token_ids)
+        assert all(t < 30 or t in seen for t in r.draft_ids)
+        assert all(t.id < 30 or t.id in seen for row in r.q_top for t in row)  # q has no mass elsewhere
+    assert any(r.draft_ids for r in rounds)
+
+
+def test_reduced_head_matches_the_full_head_on_kept_ids(tiny_pair):
+    ids = tiny_pair.tokenizer("hello world", add_special_tokens=False)["input_ids"]
+    full = CachedLM(tiny_pair.draft, tiny_pair.vocab_size).logits_after(ids)[-1]
+    lm = CachedLM(tiny_pair.draft, tiny_pair.vocab_size, head_vocab=30, always_keep=(77,))
+    lm.keep_in_head([95, 95, 3])
+    part = lm.logits_after(ids)[-1]
+    kept = sorted(set(range(30)) | {77, 95})
+    assert torch.allclose(part[kept], full[kept], atol=1e-5)
+    others = [i for i in range(tiny_pair.vocab_size) if i not in kept]
+    assert torch.isinf(part[others]).all() and (part[others] < 0).all()
 
 
 @pytest.mark.parametrize("draft_vocab", [0, 40])
