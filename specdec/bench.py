@@ -124,7 +124,17 @@ def run_ours_spec(pair, prompt, s, keep_rounds: list | None = None):
 
 
 def _median_tok_s(samples: list[Sample]) -> float:
-    return statistics.median(x.tok_s for x in samples) if samples else 0.0
+    """Median over repeats per (prompt, mode), then summed across prompts: total tokens over total time of the
+    median runs, so a long prompt counts for its tokens and one noisy repeat does not move the result."""
+    by: dict[tuple, list[Sample]] = {}
+    for x in samples:
+        by.setdefault((x.prompt, x.mode), []).append(x)
+    tokens = secs = 0.0
+    for runs in by.values():
+        mid = sorted(runs, key=lambda x: x.tok_s)[len(runs) // 2]  # a real run; the upper one of an even count
+        tokens += mid.tokens
+        secs += mid.seconds
+    return tokens / secs if secs else 0.0
 
 
 def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:

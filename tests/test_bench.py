@@ -49,12 +49,14 @@ def test_group_summary_uses_medians_and_per_token_alpha():
     spec = dict(drafted=8, accepted=6, rounds=3, rejections=2)
     xs = [s("hf_plain", 10, 2.0), s("hf_plain", 10, 4.0), s("hf_plain", 10, 5.0),
           s("hf_assisted", 10, 1.0), s("ours_plain", 10, 2.0), s("ours_spec", 9, 1.0, **spec)]
-    g = summarize_group(xs, gamma=4, c=0.5)
-    assert g["tok_s"]["hf_plain"] == 2.5  # median of 5, 2.5, 2
+    other = Sample("hf_plain", "code", "greedy", "q", 30, 2.0)  # a second prompt: 15 tok/s
+    g = summarize_group(xs + [other], gamma=4, c=0.5)
+    # median repeat of prompt p (10 tokens in 4 s) plus prompt q (30 tokens in 2 s): 40 tokens in 6 s
+    assert g["tok_s"]["hf_plain"] == pytest.approx(40 / 6)
     assert g["alpha"] == pytest.approx(6 / 8)  # kept / tested: 6 kept, 2 rejections
     assert g["acceptance_rate"] == pytest.approx(6 / 8)
     assert g["tokens_per_round"] == pytest.approx(3.0)
-    assert g["d/a"] == pytest.approx(9 / 2.5) and g["d/b"] == pytest.approx(0.9)
+    assert g["d/a"] == pytest.approx(9 / (40 / 6)) and g["d/b"] == pytest.approx(0.9)
 
 
 def test_adaptive_compare_ranks_policies_against_the_best_fixed_gamma(tmp_path):
