@@ -120,7 +120,7 @@ def run_ours_spec(pair, prompt, s, keep_rounds: list | None = None):
         keep_rounds.append(dec.rounds)
     rejections = sum(r.rejected_at is not None for r in dec.rounds)
     return len(dec.generated_ids), sec, {"drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds,
-                                         "rejections": rejections}
+                                         "rejections": rejections, "draft_ms": t.draft_ms, "verify_ms": t.verify_ms}
 
 
 def _median_tok_s(samples: list[Sample]) -> float:
@@ -137,7 +137,19 @@ def _median_tok_s(samples: list[Sample]) -> float:
     return tokens / secs if secs else 0.0
 
 
+def loop_cost_ratio(spec: list[Sample]) -> float | None:
+    """c as the loop pays it: mean draft time per drafted token over mean verification time per round, from the
+    timed runs themselves (a round drafts one token per draft pass and makes one target pass)."""
+    drafted, rounds = sum(x.extra["drafted"] for x in spec), sum(x.extra["rounds"] for x in spec)
+    verify_ms = sum(x.extra["verify_ms"] for x in spec)
+    if not drafted or not verify_ms:
+        return None
+    return (sum(x.extra["draft_ms"] for x in spec) / drafted) / (verify_ms / rounds)
+
+
 def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
+    """`c` is the plain per-token cost ratio; the prediction uses the in-run ratio when the runs have one, since
+    it is measured under the same machine load as the speedup it is compared with."""
     by = {k: [x for x in samples if x.contender == k] for k in CONTENDERS}
     tok_s = {k: _median_tok_s(v) for k, v in by.items()}
     spec = by["ours_spec"]
@@ -147,7 +159,8 @@ def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
     alpha = alpha_estimate(accepted, sum(x.extra.get("rejections", 0) for x in spec))
     ratio = lambda a, b: tok_s[a] / tok_s[b] if tok_s.get(b) else None  # noqa: E731
     measured = ratio("ours_spec", "ours_plain")
-    pred = predicted_speedup(alpha, gamma, c) if drafted else None
+    c_run = loop_cost_ratio(spec)
+    pred = predicted_speedup(alpha, gamma, c_run if c_run is not None else c) if drafted else None
     return {
         "tok_s": tok_s,
         "d/a": ratio("ours_spec", "hf_plain"),
@@ -158,6 +171,7 @@ def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
         "alpha": alpha,
         "tokens_per_round": sum(x.tokens for x in spec) / rounds if rounds else None,
         "c": c,
+        "c_run": c_run,
         "measured_speedup": measured,
         "predicted_speedup": pred,
         "measured/predicted": measured / pred if measured and pred else None,
@@ -210,7 +224,7 @@ def print_table(groups: dict, out=None) -> None:
         t = g["tok_s"]
         print(f"{name:16s} {t['hf_plain']:8.2f} {t['hf_assisted']:9.2f} {t['ours_plain']:8.2f} {t['ours_spec']:8.2f} "
               f"{_fmt(g['d/a']):>8s} {_fmt(g['d/b']):>8s} {_fmt(g['c/a']):>8s} {_fmt(g['alpha']):>6s} "
-              f"{_fmt(g['tokens_per_round']):>7s} {_fmt(g['c']):>5s} {_fmt(g['measured_speedup']):>5s} "
+              f"{_fmt(g['tokens_per_round']):>7s} {_fmt(g['c_run']):>5s} {_fmt(g['measured_speedup']):>5s} "
               f"{_fmt(g['predicted_speedup']):>5s} {_fmt(g['measured/predicted']):>5s}", file=out)
 
 
@@ -245,8 +259,10 @@ def sweep(pair, gammas, prompts, modes, max_new, repeats, c, log, draft_vocab=No
     rows = []
     for g, xs in spec.items():
         alpha = alpha_estimate(sum(x.extra["accepted"] for x in xs), sum(x.extra["rejections"] for x in xs))
-        rows.append({"gamma": g, "alpha": alpha, "tok_s": _tok_s(xs), "measured_speedup": _tok_s(xs) / _tok_s(base),
-                     "predicted_speedup": predicted_speedup(alpha, g, c)})
+        c_run = loop_cost_ratio(xs)
+        rows.append({"gamma": g, "alpha": alpha, "c_run": c_run, "tok_s": _tok_s(xs),
+                     "measured_speedup": _tok_s(xs) / _tok_s(base),
+                     "predicted_speedup": predicted_speedup(alpha, g, c_run if c_run is not None else c)})
     return rows
 
 
@@ -322,9 +338,10 @@ def cmd_bench(args) -> int:
               "target_ms": target_ms, "draft_ms": draft_ms, "torch_threads": torch.get_num_threads()}
     if args.sweep_gamma:
         rows = sweep(pair, _parse_range(args.sweep_gamma), prompts, modes, max_new, repeats, c, log, dv)
-        print(f"{'gamma':>5s} {'alpha':>6s} {'measured':>9s} {'predicted':>9s}")
+        print(f"{'gamma':>5s} {'alpha':>6s} {'c':>5s} {'measured':>9s} {'predicted':>9s}")
         for r in rows:
-            print(f"{r['gamma']:5d} {r['alpha']:6.3f} {r['measured_speedup']:9.2f} {r['predicted_speedup']:9.2f}")
+            print(f"{r['gamma']:5d} {r['alpha']:6.3f} {_fmt(r['c_run']):>5s} {r['measured_speedup']:9.2f} "
+                  f"{r['predicted_speedup']:9.2f}")
         result["sweep"] = rows
     elif args.gamma == "auto":
         rows = adaptive_compare(pair, prompts, modes, max_new, [2, 3, 4, 6, 8], repeats, log, dv)

@@ -34,7 +34,8 @@ def test_quick_bench_reports_every_group_and_consistent_ratios(tmp_path, capsys)
         assert g["d/a"] == pytest.approx(t["ours_spec"] / t["hf_plain"])
         assert g["d/b"] == pytest.approx(t["ours_spec"] / t["hf_assisted"])
         assert g["measured_speedup"] == pytest.approx(t["ours_spec"] / t["ours_plain"])
-        assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], 3, res["c"]))
+        assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], 3, g["c_run"]))
+        assert g["c"] == res["c"] and 0 < g["c_run"]
         assert 0 <= g["alpha"] <= 1 and 1 <= g["tokens_per_round"] <= 4
     # tiny-model rounds take about a millisecond, so only the bookkeeping is checked here
     assert res["render"]["render_ms"] > 0 and res["render"]["generation_ms"] > 0
@@ -46,7 +47,7 @@ def test_group_summary_uses_medians_and_per_token_alpha():
     def s(name, tok, sec, **extra):
         return Sample(name, "code", "greedy", "p", tok, sec, extra)
 
-    spec = dict(drafted=8, accepted=6, rounds=3, rejections=2)
+    spec = dict(drafted=8, accepted=6, rounds=3, rejections=2, draft_ms=400.0, verify_ms=600.0)
     xs = [s("hf_plain", 10, 2.0), s("hf_plain", 10, 4.0), s("hf_plain", 10, 5.0),
           s("hf_assisted", 10, 1.0), s("ours_plain", 10, 2.0), s("ours_spec", 9, 1.0, **spec)]
     other = Sample("hf_plain", "code", "greedy", "q", 30, 2.0)  # a second prompt: 15 tok/s
@@ -56,6 +57,8 @@ def test_group_summary_uses_medians_and_per_token_alpha():
     assert g["alpha"] == pytest.approx(6 / 8)  # kept / tested: 6 kept, 2 rejections
     assert g["acceptance_rate"] == pytest.approx(6 / 8)
     assert g["tokens_per_round"] == pytest.approx(3.0)
+    assert g["c_run"] == pytest.approx((400 / 8) / (600 / 3)) and g["c"] == 0.5  # 50 ms per guess, 200 per pass
+    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(6 / 8, 4, 0.25))
     assert g["d/a"] == pytest.approx(9 / (40 / 6)) and g["d/b"] == pytest.approx(0.9)
 
 
@@ -77,7 +80,7 @@ def test_gamma_sweep_prints_measured_next_to_predicted(tmp_path, capsys):
     res = _bench(tmp_path, "--sweep-gamma", "1..3", "--modes", "greedy", "--kinds", "prose")
     assert [r["gamma"] for r in res["sweep"]] == [1, 2, 3]
     for r in res["sweep"]:
-        assert r["predicted_speedup"] == pytest.approx(predicted_speedup(r["alpha"], r["gamma"], res["c"]))
+        assert r["predicted_speedup"] == pytest.approx(predicted_speedup(r["alpha"], r["gamma"], r["c_run"]))
         assert r["measured_speedup"] > 0 and math.isfinite(r["measured_speedup"])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()[:1].isdigit()]
     assert len(lines) == 3
