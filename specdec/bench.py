@@ -48,6 +48,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--modes", default="greedy,sampled", help="comma list of greedy,sampled (temperature 0.7)")
     ap.add_argument("--kinds", default="code,prose,chat")
     ap.add_argument("--sweep-gamma", default=None, help="e.g. 1..12: measured vs predicted speedup per gamma")
+    ap.add_argument("--policy", default="fixed", choices=["fixed", "expected", "heuristic", "confidence"],
+                    help="gamma policy of our loop (d) in the side-by-side table; (b) always uses a constant gamma")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="our loop's draft head: ids below N plus EOS and the text's own tokens; 0 = full "
                          "vocabulary; default: 65536 for large vocabularies")
@@ -147,7 +149,7 @@ def loop_cost_ratio(spec: list[Sample]) -> float | None:
     return (sum(x.extra["draft_ms"] for x in spec) / drafted) / (verify_ms / rounds)
 
 
-def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
+def summarize_group(samples: list[Sample], gamma: int | None, c: float) -> dict:
     """`c` is the plain per-token cost ratio; the prediction uses the in-run ratio when the runs have one, since
     it is measured under the same machine load as the speedup it is compared with."""
     by = {k: [x for x in samples if x.contender == k] for k in CONTENDERS}
@@ -160,7 +162,9 @@ def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
     ratio = lambda a, b: tok_s[a] / tok_s[b] if tok_s.get(b) else None  # noqa: E731
     measured = ratio("ours_spec", "ours_plain")
     c_run = loop_cost_ratio(spec)
-    pred = predicted_speedup(alpha, gamma, c_run if c_run is not None else c) if drafted else None
+    mean_gamma = drafted / rounds if rounds else None
+    g_pred = gamma if gamma is not None else mean_gamma  # adaptive runs: the formula at their mean draft length
+    pred = predicted_speedup(alpha, g_pred, c_run if c_run is not None else c) if drafted else None
     return {
         "tok_s": tok_s,
         "d/a": ratio("ours_spec", "hf_plain"),
@@ -170,6 +174,7 @@ def summarize_group(samples: list[Sample], gamma: int, c: float) -> dict:
         "acceptance_rate": accepted / drafted if drafted else None,
         "alpha": alpha,
         "tokens_per_round": sum(x.tokens for x in spec) / rounds if rounds else None,
+        "mean_gamma": mean_gamma,
         "c": c,
         "c_run": c_run,
         "measured_speedup": measured,
@@ -187,7 +192,7 @@ def run_one(pair, name, prompt, s: DecodeSettings, keep_rounds: list | None = No
 
 
 def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print,
-             draft_vocab=None, keep_rounds: list | None = None) -> list[Sample]:
+             draft_vocab=None, keep_rounds: list | None = None, policy: str = "fixed") -> list[Sample]:
     jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
     kind, mode, prompt = jobs[0]
     for name in contenders:  # warm-up: first calls pay one-time allocation and dispatch costs
@@ -196,7 +201,7 @@ def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDER
     for rep in range(1, repeats + 1):
         for j, (kind, mode, prompt) in enumerate(jobs):
             s = DecodeSettings(gamma=gamma, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
-                               chat=kind == "chat", draft_vocab=draft_vocab)
+                               chat=kind == "chat", draft_vocab=draft_vocab, gamma_policy=policy)
             # Interleaved, and rotated per prompt (A B C D, B C D A, ...) so no contender always runs first.
             k = (j + rep - 1) % len(contenders)
             for name in contenders[k:] + contenders[:k]:
@@ -353,16 +358,21 @@ def cmd_bench(args) -> int:
     else:
         gamma = int(args.gamma)
         spec_runs: list[list] = []
-        samples = run_grid(pair, prompts, modes, gamma, max_new, repeats, log=log, draft_vocab=dv, keep_rounds=spec_runs)
+        samples = run_grid(pair, prompts, modes, gamma, max_new, repeats, log=log, draft_vocab=dv,
+                           keep_rounds=spec_runs, policy=args.policy)
+        if args.policy != "fixed":
+            print(f"our loop (d): gamma policy '{args.policy}' starting at {gamma}; (b): constant gamma {gamma}; the "
+                  "predicted column uses the mean draft length")
+        g_pred = gamma if args.policy == "fixed" else None
         groups = {}
         for mode in modes:
             for kind in kinds:
                 groups[f"{mode}/{kind}"] = summarize_group([x for x in samples if (x.mode, x.kind) == (mode, kind)],
-                                                           gamma, c)
-            groups[f"{mode}/all"] = summarize_group([x for x in samples if x.mode == mode], gamma, c)
-        groups["all"] = summarize_group(samples, gamma, c)
+                                                           g_pred, c)
+            groups[f"{mode}/all"] = summarize_group([x for x in samples if x.mode == mode], g_pred, c)
+        groups["all"] = summarize_group(samples, g_pred, c)
         print_table(groups)
-        result.update(gamma=gamma, groups=groups, samples=[x.__dict__ for x in samples])
+        result.update(gamma=gamma, policy=args.policy, groups=groups, samples=[x.__dict__ for x in samples])
         result["render"] = render_overhead(spec_runs, target_ms, draft_ms, log)
         print(f"render overhead (app components, charts every round): {result['render']['fraction']:.2%} of "
               "generation time")

@@ -84,3 +84,10 @@ def test_gamma_sweep_prints_measured_next_to_predicted(tmp_path, capsys):
         assert r["measured_speedup"] > 0 and math.isfinite(r["measured_speedup"])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()[:1].isdigit()]
     assert len(lines) == 3
+
+
+def test_policy_option_runs_our_loop_adaptively_and_predicts_at_its_mean_gamma(tmp_path):
+    res = _bench(tmp_path, "--policy", "expected", "--modes", "greedy", "--kinds", "code")
+    assert res["policy"] == "expected"
+    g = res["groups"]["all"]
+    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], g["mean_gamma"], g["c_run"]))
