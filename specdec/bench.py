@@ -191,6 +191,13 @@ def run_one(pair, name, prompt, s: DecodeSettings, keep_rounds: list | None = No
     return run_ours_spec(pair, prompt, s, keep_rounds)
 
 
+def _rotated(seq, k: int) -> list:
+    """Interleaving order for the k-th prompt: A B C D, then B C D A, ... so no contender always runs first."""
+    seq = list(seq)
+    k %= len(seq)
+    return seq[k:] + seq[:k]
+
+
 def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print,
              draft_vocab=None, keep_rounds: list | None = None, policy: str = "fixed") -> list[Sample]:
     jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
@@ -202,9 +209,7 @@ def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDER
         for j, (kind, mode, prompt) in enumerate(jobs):
             s = DecodeSettings(gamma=gamma, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
                                chat=kind == "chat", draft_vocab=draft_vocab, gamma_policy=policy)
-            # Interleaved, and rotated per prompt (A B C D, B C D A, ...) so no contender always runs first.
-            k = (j + rep - 1) % len(contenders)
-            for name in contenders[k:] + contenders[:k]:
+            for name in _rotated(contenders, j + rep - 1):
                 n, sec, extra = run_one(pair, name, prompt, s, keep_rounds)
                 samples.append(Sample(name, kind, mode, prompt, n, sec, extra))
                 log(f"  rep {rep} {mode:7s} {kind:5s} {name:11s} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
@@ -252,12 +257,14 @@ def sweep(pair, gammas, prompts, modes, max_new, repeats, c, log, draft_vocab=No
     base: list[Sample] = []
     spec: dict[int, list[Sample]] = {g: [] for g in gammas}
     for rep in range(1, repeats + 1):
-        for kind, mode, prompt in jobs:
+        for j, (kind, mode, prompt) in enumerate(jobs):
             s = DecodeSettings(max_new_tokens=max_new, sampling=_sampling(mode), seed=rep, chat=kind == "chat",
                                draft_vocab=draft_vocab)
-            n, sec, _ = run_ours_plain(pair, prompt, s)
-            base.append(Sample("ours_plain", kind, mode, prompt, n, sec))
-            for g in gammas:
+            for g in _rotated([0, *gammas], j + rep - 1):  # 0: our plain baseline
+                if g == 0:
+                    n, sec, _ = run_ours_plain(pair, prompt, s)
+                    base.append(Sample("ours_plain", kind, mode, prompt, n, sec))
+                    continue
                 n, sec, extra = run_ours_spec(pair, prompt, replace(s, gamma=g))
                 spec[g].append(Sample(f"ours_spec-{g}", kind, mode, prompt, n, sec, extra))
                 log(f"  rep {rep} {mode:7s} {kind:5s} gamma={g:2d} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
@@ -282,8 +289,8 @@ def adaptive_compare(pair, prompts, modes, max_new, fixed, repeats, log, draft_v
         run_ours_spec(pair, jobs[0][2], DecodeSettings(gamma=g, max_new_tokens=4, gamma_policy=policy))
     samples: dict[tuple, list[Sample]] = {pg: [] for pg in policies}
     for rep in range(1, repeats + 1):
-        for kind, mode, prompt in jobs:
-            for policy, g in policies:
+        for j, (kind, mode, prompt) in enumerate(jobs):
+            for policy, g in _rotated(policies, j + rep - 1):
                 s = DecodeSettings(gamma=g, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
                                    chat=kind == "chat", gamma_policy=policy, draft_vocab=draft_vocab)
                 n, sec, extra = run_ours_spec(pair, prompt, s)
