@@ -37,7 +37,7 @@ from components import (
     speedup_figure,
 )
 from components.tokens import quoted
-from specdec.decoder import DecodeSettings, SpeculativeDecoder, encode_prompt
+from specdec.decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, resolve_draft_vocab
 from specdec.errors import InvalidInputError, ModelLoadError, SpecDecError, TraceError
 from specdec.events import Round
 from specdec.metrics import summarize
@@ -233,6 +233,9 @@ class Playground:
                                                    f"({time.time() - job.started:.0f} s)")
         d = job.pair.describe()
         details = {"target": d["target"], "draft": d["draft"], "device": d["device"], "dtype": d["dtype"]}
+        head = resolve_draft_vocab(job.pair, None)
+        if head:  # q is zero outside the draft's head: say so where the charts' q = 0 bars can be explained
+            details["draft head"] = f"ids < {head} + EOS + the text's tokens"
         if job.costs:
             details["plain target"] = f"{job.costs.target_ms:.0f} ms/token"
             details["c"] = f"{job.costs.c:.2f}"
