@@ -139,14 +139,31 @@ def _median_tok_s(samples: list[Sample]) -> float:
     return tokens / secs if secs else 0.0
 
 
+def _total(spec: list[Sample], key: str) -> float:
+    return sum(x.extra.get(key, 0) for x in spec)
+
+
+def _spec_alpha(spec: list[Sample]) -> float:
+    return alpha_estimate(_total(spec, "accepted"), _total(spec, "rejections"))
+
+
+def _mean_gamma(spec: list[Sample]) -> float | None:
+    rounds = _total(spec, "rounds")
+    return _total(spec, "drafted") / rounds if rounds else None
+
+
+def _jobs(prompts: dict, modes: list[str]) -> list[tuple[str, str, str]]:
+    """(kind, mode, prompt) for every prompt in every sampling mode, in benchmark order."""
+    return [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
+
+
 def loop_cost_ratio(spec: list[Sample]) -> float | None:
     """c as the loop pays it: mean draft time per drafted token over mean verification time per round, from the
     timed runs themselves (a round drafts one token per draft pass and makes one target pass)."""
-    drafted, rounds = sum(x.extra["drafted"] for x in spec), sum(x.extra["rounds"] for x in spec)
-    verify_ms = sum(x.extra["verify_ms"] for x in spec)
+    drafted, verify_ms = _total(spec, "drafted"), _total(spec, "verify_ms")
     if not drafted or not verify_ms:
         return None
-    return (sum(x.extra["draft_ms"] for x in spec) / drafted) / (verify_ms / rounds)
+    return (_total(spec, "draft_ms") / drafted) / (verify_ms / _total(spec, "rounds"))
 
 
 def summarize_group(samples: list[Sample], gamma: int | None, c: float) -> dict:
@@ -155,14 +172,12 @@ def summarize_group(samples: list[Sample], gamma: int | None, c: float) -> dict:
     by = {k: [x for x in samples if x.contender == k] for k in CONTENDERS}
     tok_s = {k: _median_tok_s(v) for k, v in by.items()}
     spec = by["ours_spec"]
-    drafted = sum(x.extra.get("drafted", 0) for x in spec)
-    accepted = sum(x.extra.get("accepted", 0) for x in spec)
-    rounds = sum(x.extra.get("rounds", 0) for x in spec)
-    alpha = alpha_estimate(accepted, sum(x.extra.get("rejections", 0) for x in spec))
+    drafted, accepted, rounds = _total(spec, "drafted"), _total(spec, "accepted"), _total(spec, "rounds")
+    alpha = _spec_alpha(spec)
     ratio = lambda a, b: tok_s[a] / tok_s[b] if tok_s.get(b) else None  # noqa: E731
     measured = ratio("ours_spec", "ours_plain")
     c_run = loop_cost_ratio(spec)
-    mean_gamma = drafted / rounds if rounds else None
+    mean_gamma = _mean_gamma(spec)
     g_pred = gamma if gamma is not None else mean_gamma  # adaptive runs: the formula at their mean draft length
     pred = predicted_speedup(alpha, g_pred, c_run if c_run is not None else c) if drafted else None
     return {
@@ -200,7 +215,7 @@ def _rotated(seq, k: int) -> list:
 
 def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print,
              draft_vocab=None, keep_rounds: list | None = None, policy: str = "fixed") -> list[Sample]:
-    jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
+    jobs = _jobs(prompts, modes)
     kind, mode, prompt = jobs[0]
     for name in contenders:  # warm-up: first calls pay one-time allocation and dispatch costs
         run_one(pair, name, prompt, DecodeSettings(gamma=gamma, max_new_tokens=4, chat=kind == "chat"))
@@ -252,7 +267,7 @@ def _tok_s(samples: list[Sample]) -> float:
 
 def sweep(pair, gammas, prompts, modes, max_new, repeats, c, log, draft_vocab=None) -> list[dict]:
     """Our plain baseline and our loop at each gamma, interleaved per prompt: measured vs predicted speedup."""
-    jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
+    jobs = _jobs(prompts, modes)
     run_ours_spec(pair, jobs[0][2], DecodeSettings(gamma=gammas[0], max_new_tokens=4))  # warm-up
     base: list[Sample] = []
     spec: dict[int, list[Sample]] = {g: [] for g in gammas}
@@ -270,7 +285,7 @@ def sweep(pair, gammas, prompts, modes, max_new, repeats, c, log, draft_vocab=No
                 log(f"  rep {rep} {mode:7s} {kind:5s} gamma={g:2d} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
     rows = []
     for g, xs in spec.items():
-        alpha = alpha_estimate(sum(x.extra["accepted"] for x in xs), sum(x.extra["rejections"] for x in xs))
+        alpha = _spec_alpha(xs)
         c_run = loop_cost_ratio(xs)
         rows.append({"gamma": g, "alpha": alpha, "c_run": c_run, "tok_s": _tok_s(xs),
                      "measured_speedup": _tok_s(xs) / _tok_s(base),
@@ -284,9 +299,8 @@ ADAPTIVE_POLICIES = (("heuristic", 4), ("confidence", 8), ("expected", 4))  # (p
 def adaptive_compare(pair, prompts, modes, max_new, fixed, repeats, log, draft_vocab=None) -> list[dict]:
     """Each adaptive policy against fixed gammas on the mixed prompt set, interleaved per prompt after a warm-up."""
     policies = [("fixed", g) for g in fixed] + list(ADAPTIVE_POLICIES)
-    jobs = [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
-    for policy, g in policies:  # warm-up
-        run_ours_spec(pair, jobs[0][2], DecodeSettings(gamma=g, max_new_tokens=4, gamma_policy=policy))
+    jobs = _jobs(prompts, modes)
+    run_ours_spec(pair, jobs[0][2], DecodeSettings(max_new_tokens=4))  # warm-up: every policy runs the same loop
     samples: dict[tuple, list[Sample]] = {pg: [] for pg in policies}
     for rep in range(1, repeats + 1):
         for j, (kind, mode, prompt) in enumerate(jobs):
@@ -300,9 +314,7 @@ def adaptive_compare(pair, prompts, modes, max_new, fixed, repeats, log, draft_v
     rows = []
     for (policy, g), xs in samples.items():
         rows.append({"policy": policy, "gamma": g, "tok_s": _tok_s(xs),
-                     "mean_gamma": sum(x.extra["drafted"] for x in xs) / sum(x.extra["rounds"] for x in xs),
-                     "alpha": alpha_estimate(sum(x.extra["accepted"] for x in xs),
-                                             sum(x.extra["rejections"] for x in xs))})
+                     "mean_gamma": _mean_gamma(xs), "alpha": _spec_alpha(xs)})
     best_fixed = max(r["tok_s"] for r in rows if r["policy"] == "fixed")
     for r in rows:
         r["vs_best_fixed"] = r["tok_s"] / best_fixed

@@ -135,9 +135,8 @@ class SpeculativeDecoder:
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(pair.device, settings.seed)
         threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
-        self.draft_vocab = resolve_draft_vocab(pair, settings.draft_vocab)
-        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold, self.draft_vocab,
-                                                    pair.eos_token_ids)
+        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
+                                                    resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
         self.target = CachedLM(pair.target, pair.vocab_size)
         self.gamma = settings.gamma
         self.totals = Totals()
