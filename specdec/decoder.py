@@ -13,56 +13,18 @@ from typing import Iterator
 
 import torch
 
-from .drafters import DraftModelDrafter, Drafter
+from .drafters import Drafter, make_drafter
 from .errors import InvalidInputError
 from .events import Round, TokenProb, Totals
 from .kvcache import PLAIN_HEAD_TYPES, CachedLM
-from .metrics import predicted_speedup
+from .metrics import StepCosts, loop_cost_ratio, predicted_speedup
 from .models import ModelPair
-from .sampling import SamplingConfig, sample, warp
+from .sampling import sample, warp
+from .settings import (DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS,  # noqa: F401
+                       TOP_DISPLAY, DecodeSettings)
 from .verify import verify
 
-MAX_GAMMA = 16
-MAX_NEW_TOKENS = 4096
-MAX_PROMPT_TOKENS = 8192
-TOP_DISPLAY = 8  # how many candidates per position a Round carries for display
-GAMMA_POLICIES = ("fixed", "heuristic", "confidence", "expected")
 AUTO_DRAFT_VOCAB = 65536  # draft head size when draft_vocab is None and the vocabulary is at least twice this
-
-
-@dataclass(frozen=True)
-class DecodeSettings:
-    gamma: int = 4
-    max_new_tokens: int = 64
-    sampling: SamplingConfig = SamplingConfig()
-    seed: int = 0
-    chat: bool = False
-    # "heuristic": +2 after a fully accepted round, -1 otherwise. "confidence": draft up to gamma tokens, ending
-    # after one the draft is unsure of. "expected": each round, the gamma with the best predicted speedup for
-    # running estimates of alpha and c.
-    gamma_policy: str = "fixed"
-    confidence_threshold: float = 0.4  # used by gamma_policy="confidence"
-    # > 0: the draft's head covers ids below this, EOS and the text's own tokens; 0 = full vocabulary;
-    # None = AUTO_DRAFT_VOCAB for large vocabularies, else full
-    draft_vocab: int | None = None
-
-    def validate(self) -> "DecodeSettings":
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_GAMMA:
-            raise InvalidInputError(f"gamma (draft length) must be a whole number from 1 to {MAX_GAMMA}, got {self.gamma!r}")
-        m = self.max_new_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_NEW_TOKENS:
-            raise InvalidInputError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {m!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise InvalidInputError(f"seed must be a whole number from 0 to 2**63-1, got {self.seed!r}")
-        if self.gamma_policy not in GAMMA_POLICIES:
-            raise InvalidInputError(f"gamma policy must be one of {', '.join(GAMMA_POLICIES)}, got {self.gamma_policy!r}")
-        dv = self.draft_vocab
-        if dv is not None and (isinstance(dv, bool) or not isinstance(dv, int) or dv < 0):
-            raise InvalidInputError(f"draft vocabulary limit must be a whole number >= 0, got {self.draft_vocab!r}")
-        if not 0 <= self.confidence_threshold < 1:
-            raise InvalidInputError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold!r}")
-        self.sampling.validate()
-        return self
 
 
 def encode_prompt(tokenizer, prompt, chat: bool = False) -> list[int]:
@@ -127,18 +89,22 @@ def _top(probs: torch.Tensor, tokenizer, k: int = TOP_DISPLAY) -> list[list[Toke
 class SpeculativeDecoder:
     """Stateful decoder: `step()` runs exactly one round; iterating runs rounds until EOS or max_new_tokens."""
 
-    def __init__(self, pair: ModelPair, prompt, settings: DecodeSettings = DecodeSettings(), drafter: Drafter | None = None):
+    def __init__(self, pair: ModelPair, prompt, settings: DecodeSettings = DecodeSettings(), drafter: Drafter | None = None,
+                 gamma_schedule: list[int] | None = None, top_k: int = TOP_DISPLAY):
+        """`gamma_schedule` forces each round's gamma (e.g. the recorded gammas of a trace, to reproduce a run whose
+        policy followed wall-clock timings); `top_k` is how many candidates per position each Round carries."""
         self.settings = settings.validate()
         self.pair = pair
         self.tok = pair.tokenizer
+        self.prompt = prompt
         self.prompt_ids = encode_prompt(self.tok, prompt, settings.chat)
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(pair.device, settings.seed)
-        threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
-        self.drafter = drafter or DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
-                                                    resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
+        self.drafter = drafter or make_drafter(pair, settings, self.prompt_ids)
         self.target = CachedLM(pair.target, pair.vocab_size)
         self.gamma = settings.gamma
+        self.gamma_schedule = list(gamma_schedule) if gamma_schedule is not None else None
+        self.top_k = top_k
         self.totals = Totals()
         self.rounds: list[Round] = []
         self.stop_reason: str | None = None
@@ -173,8 +139,11 @@ class SpeculativeDecoder:
         # No separate prefill: round one feeds the prompt together with its first draft step and its verification
         # (one forward pass each, as for any round), and later rounds feed only tokens the caches lack.
         remaining = s.max_new_tokens - len(self.generated_ids)
+        asked = self.gamma
+        if self.gamma_schedule is not None and len(self.rounds) < len(self.gamma_schedule):
+            asked = self.gamma_schedule[len(self.rounds)]
         # Drafting past the token budget is wasted work: at most remaining-1 guesses plus the repair/bonus.
-        gamma = max(1, min(self.gamma, remaining - 1))
+        gamma = max(1, min(asked, remaining - 1))
         _sync(dev)
         t0 = time.perf_counter()
         if self._t_start is None:
@@ -204,12 +173,14 @@ class SpeculativeDecoder:
         tt = self.totals
         tt.rounds += 1
         tt.generated = len(self.generated_ids)
-        tt.drafted += g
-        tt.accepted += verdict.n_accepted
         tt.target_passes += 1
         tt.draft_ms += (t1 - t0) * 1e3
         tt.verify_ms += (t2 - t1) * 1e3
         rnd = self._event(draft, p, verdict, committed, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        tt.drafted += g
+        tt.accepted += rnd.kept  # statistics count what was tested and committed (Round.fates)
+        tt.tested += rnd.tested
+        rnd.totals = replace(tt)
         t3 = time.perf_counter()
         rnd.round_ms = (t3 - t0) * 1e3
         tt.elapsed_ms = rnd.totals.elapsed_ms = (t3 - self._t_start) * 1e3
@@ -224,9 +195,9 @@ class SpeculativeDecoder:
             decay = 0.8  # recent rounds count most: acceptance shifts with the content being written
             self._kept = decay * self._kept + n_acc
             self._tested = decay * self._tested + n_acc + (verdict.rejected_at is not None)
-            if self.totals.rounds > 0 and verify_ms > 0:  # round one also ran the prompt: its timing says little
-                # A round makes `drafted` draft passes (the catch-up rides on the first) and one target pass.
-                self._c = 0.7 * self._c + 0.3 * (draft_ms / drafted) / verify_ms
+            c_round = loop_cost_ratio(draft_ms, drafted, verify_ms, 1)
+            if self.totals.rounds > 0 and c_round is not None:  # round one also ran the prompt: its timing says little
+                self._c = 0.7 * self._c + 0.3 * c_round
             alpha = min(0.99, max(0.01, self._kept / self._tested))
             self.gamma = max(range(1, MAX_GAMMA + 1), key=lambda g: predicted_speedup(alpha, g, self._c))
 
@@ -236,7 +207,8 @@ class SpeculativeDecoder:
         ids = draft.tokens.tolist()
         idx = draft.tokens.unsqueeze(-1)
         emitted = verdict.tokens[-1]
-        residual = _top(verdict.residual[None], tok)[0] if verdict.residual is not None else None
+        k = self.top_k
+        residual = _top(verdict.residual[None], tok, k)[0] if verdict.residual is not None else None
         return Round(
             index=self.totals.rounds - 1,
             position=len(self.generated_ids) - len(committed),
@@ -253,16 +225,23 @@ class SpeculativeDecoder:
             emitted_piece=tok.decode([emitted]),
             is_bonus=verdict.bonus,
             emitted_p=float(p[verdict.n_accepted, emitted]),
-            q_top=_top(draft.probs, tok),
-            p_top=_top(p, tok),
+            q_top=_top(draft.probs, tok, k) if g else [],
+            p_top=_top(p, tok, k),
             residual_top=residual,
             committed_ids=list(committed),
             committed_pieces=tok.batch_decode([[i] for i in committed]),
             draft_ms=draft_ms,
             verify_ms=verify_ms,
-            totals=replace(self.totals),
             stop_reason=self.stop_reason,
+            top_k=k,
+            note=draft.note,
         )
+
+    def record(self, costs: StepCosts | None = None, label: str = ""):
+        """The run so far as one typed RunRecord (what traces, the playground and the Learn tab consume)."""
+        from .record import RunRecord
+
+        return RunRecord.from_decoder(self, costs, label)
 
 
 # ------------------------------------------------------------------------------------------------- baseline
@@ -308,18 +287,6 @@ def plain_decode(pair: ModelPair, prompt, settings: DecodeSettings = DecodeSetti
             break
     out = ids[len(prompt_ids) :]
     return BaselineResult(out, pair.tokenizer.decode(out, skip_special_tokens=True), times)
-
-
-@dataclass
-class StepCosts:
-    """Median per-token cost of plain decoding with each model on this machine."""
-
-    target_ms: float
-    draft_ms: float
-
-    @property
-    def c(self) -> float:
-        return self.draft_ms / self.target_ms if self.target_ms else 0.0
 
 
 def _median(xs: list[float]) -> float:

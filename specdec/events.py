@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+# What became of one draft position, decided once here and read by every renderer and statistic:
+ACCEPTED = "accepted"  # kept by the rule and committed to the text
+REJECTED = "rejected"  # the first guess the rule refused; the repair token took its place in the text
+DISCARDED = "discarded"  # after a rejection: never tested
+CUT = "cut"  # tested (kept or refused) but past a committed EOS or the token budget, so not in the text
 
 @dataclass
 class TokenProb:
@@ -17,13 +22,27 @@ class TokenProb:
 
 
 @dataclass
+class DraftNote:
+    """Where a drafter's guesses came from, for display. Plain JSON-ready fields; absent ones stay None."""
+
+    drafter: str  # "model", "ngram", "early-exit", "cross"
+    one_hot: bool = False  # q is 1 on each guess: a deterministic proposal (copied or re-tokenized text)
+    source_start: int | None = None  # ngram: index in prompt + generated ids where the copied tokens start
+    match_len: int | None = None  # ngram: length of the suffix that matched there
+    layers: int | None = None  # early-exit: how many of the target's layers drafted
+    total_layers: int | None = None  # early-exit: the target's layer count
+    draft_pieces: list[str] | None = None  # cross: the draft model's own tokens (its own vocabulary)
+
+
+@dataclass
 class Totals:
     """Running totals after this round."""
 
     rounds: int = 0
     generated: int = 0  # tokens committed so far
     drafted: int = 0
-    accepted: int = 0
+    accepted: int = 0  # guesses kept AND committed (a guess kept past a committed EOS is not counted)
+    tested: int = 0  # guesses the rule decided on within the committed text: accepted + rejected
     target_passes: int = 0  # forward passes of the target: one per round (round one also runs the prompt)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
@@ -61,6 +80,41 @@ class Round:
     round_ms: float = 0.0  # whole round wall time: draft + verify + bookkeeping and building this event
     totals: Totals = field(default_factory=Totals)
     stop_reason: str | None = None  # "eos" or "max_new_tokens" on the final round
+    top_k: int = 8  # how many candidates q_top / p_top / residual_top carry per position (fewer = rest is 0)
+    note: DraftNote | None = None  # where the guesses came from (None: the draft model, for older traces)
+
+    @property
+    def fates(self) -> list[str]:
+        """One of ACCEPTED / REJECTED / DISCARDED / CUT per draft position."""
+        n_in_text = len(self.committed_ids)
+        out = []
+        for i in range(self.gamma):
+            if self.rejected_at is not None and i > self.rejected_at:
+                out.append(DISCARDED)
+            elif i >= n_in_text:
+                out.append(CUT)
+            else:
+                out.append(ACCEPTED if i < self.n_accepted else REJECTED)
+        return out
+
+    @property
+    def kept(self) -> int:
+        """Guesses kept and committed: what acceptance statistics count."""
+        return self.fates.count(ACCEPTED)
+
+    @property
+    def tested(self) -> int:
+        """Guesses the rule decided on within the committed text (kept ones plus a committed rejection)."""
+        f = self.fates
+        return f.count(ACCEPTED) + f.count(REJECTED)
+
+    @property
+    def drafter(self) -> str:
+        return self.note.drafter if self.note else "model"
+
+    @property
+    def one_hot(self) -> bool:
+        return bool(self.note and self.note.one_hot)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,5 +127,6 @@ class Round:
         data["q_top"] = [tp(r) for r in d["q_top"]]
         data["p_top"] = [tp(r) for r in d["p_top"]]
         data["residual_top"] = tp(d["residual_top"]) if d.get("residual_top") is not None else None
-        data["totals"] = Totals(**d.get("totals", {}))
+        data["totals"] = Totals(**(d.get("totals") or {}))
+        data["note"] = DraftNote(**d["note"]) if d.get("note") else None
         return cls(**data)

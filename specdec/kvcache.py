@@ -9,10 +9,33 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .errors import UnsupportedModelError
+
 
 # Architectures whose logits are exactly lm_head(final hidden state): no soft-capping or logit scaling, so a
 # sliced head gives the same numbers as the full one on the kept rows.
 PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "gpt2", "phi3", "granite_dense", "olmo2", "smollm3"}
+# Attention layer kinds whose cache is a plain key/value list that can be cut back after a rejection.
+ROLLBACK_LAYER_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
+def check_rollback(config) -> None:
+    """Refuse models whose cache cannot be rolled back to an earlier length (e.g. linear-attention or state-space
+    layers keep a running state, not a list of past keys/values): speculation must discard rejected guesses."""
+    kinds = set(getattr(config, "layer_types", None) or ())
+    bad = sorted(kinds - ROLLBACK_LAYER_TYPES)
+    if bad:
+        raise UnsupportedModelError(
+            f"{config.model_type} models have {', '.join(bad)} layers, whose cache cannot be rolled back after a "
+            "rejected guess; speculative decoding here needs attention layers only"
+        )
+
+
+def rollback_cache() -> DynamicCache:
+    """A cache that can always crop. A config-built cache would give sliding-window models (Mistral, Phi-3, ...)
+    sliding layers that drop old keys and then refuse to crop once the text outgrows the window; full layers keep
+    every key, and the model's attention mask still applies the window, so the logits are the same."""
+    return DynamicCache()
 
 
 class CachedLM:
@@ -25,7 +48,8 @@ class CachedLM:
         self.model = model
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        check_rollback(model.config)
+        self.cache = rollback_cache()
         self.ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.head_cut = 0  # > 0: a reduced head over ids < head_cut plus self.extra_ids
         self.extra_ids: list[int] = []

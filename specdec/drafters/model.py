@@ -1,32 +1,13 @@
-"""Drafters: anything that proposes gamma tokens together with the exact distributions q it sampled them from.
-
-The decoder only needs `propose`; `feedback` lets a drafter adapt (draft length, statistics) after each round.
-New draft paths (n-gram lookup, self-speculation, ...) plug in behind the same two methods.
-"""
+"""The classic drafter: a smaller causal LM with the target's vocabulary, sampling each guess from its warped q."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 
-from .kvcache import CachedLM
-from .sampling import SamplingConfig, sample, warp
-
-
-@dataclass
-class Draft:
-    tokens: torch.Tensor  # LongTensor [g]
-    probs: torch.Tensor  # [g, V] the warped q each token was sampled from
-
-
-class Drafter(Protocol):
-    def propose(self, committed: list[int], gamma: int, cfg: SamplingConfig, gen: torch.Generator | None) -> Draft:
-        """Propose up to gamma tokens that would follow `committed`."""
-
-    def feedback(self, committed: list[int], n_accepted: int, n_drafted: int) -> None:
-        """Told after verification how many of the proposed tokens were kept."""
+from ..events import DraftNote
+from ..kvcache import CachedLM
+from ..sampling import sample, warp
+from . import Draft
 
 
 class DraftModelDrafter:
@@ -61,7 +42,7 @@ class DraftModelDrafter:
             rows.append(q)
             if self.confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < self.confidence_threshold:
                 break
-        return Draft(torch.stack(tokens), torch.stack(rows))
+        return Draft(torch.stack(tokens), torch.stack(rows), DraftNote("model"))
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         self.lm.sync(committed)

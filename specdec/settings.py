@@ -1,0 +1,75 @@
+"""What a run is asked to do: DecodeSettings and the limits every entry point (app, CLI, API, traces) checks.
+
+One home for the rules, so the playground, the CLI and trace import refuse the same inputs with the same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InvalidInputError
+from .sampling import SamplingConfig
+
+MAX_GAMMA = 16
+MAX_NEW_TOKENS = 4096
+MAX_PROMPT_TOKENS = 8192
+TOP_DISPLAY = 8  # default number of candidates per position a Round carries for display (recorded in each Round)
+# "fixed": gamma every round. "heuristic": +2 after a fully accepted round, -1 otherwise. "confidence": draft up
+# to gamma tokens, ending after one the draft is unsure of. "expected": each round, the gamma with the best
+# predicted speedup for running estimates of alpha and c -- it follows wall-clock timings, so the same seed can
+# give different text; every round's gamma is in the trace, and a re-run from the trace reproduces the text.
+GAMMA_POLICIES = ("fixed", "heuristic", "confidence", "expected")
+SEED_REPRODUCIBLE_POLICIES = ("fixed", "heuristic", "confidence")
+# Who proposes the guesses (specdec/drafters/): the draft model, n-gram prompt lookup, the target's own first
+# layers (self-speculative early exit), or a draft model with another tokenizer whose text is re-tokenized.
+DRAFTERS = ("model", "ngram", "early-exit", "cross")
+MAX_NGRAM = 8
+
+
+def _whole(value, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidInputError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    gamma: int = 4
+    max_new_tokens: int = 64
+    sampling: SamplingConfig = SamplingConfig()
+    seed: int = 0
+    chat: bool = False
+    gamma_policy: str = "fixed"
+    confidence_threshold: float = 0.4  # used by gamma_policy="confidence"
+    # > 0: the draft's head covers ids below this, EOS and the text's own tokens; 0 = full vocabulary;
+    # None = AUTO_DRAFT_VOCAB for large vocabularies, else full
+    draft_vocab: int | None = None
+    drafter: str = "model"
+    ngram_max: int = 4  # ngram: longest suffix matched against the text so far (tried first)
+    ngram_min: int = 1  # ngram: shortest suffix worth copying from
+    exit_layer: int = 0  # early-exit: the target's first k layers draft; 0 = a quarter of its layers
+
+    def validate(self) -> "DecodeSettings":
+        _whole(self.gamma, "gamma (draft length)", 1, MAX_GAMMA)
+        _whole(self.max_new_tokens, "max_new_tokens", 1, MAX_NEW_TOKENS)
+        _whole(self.seed, "seed", 0, 2**63 - 1)
+        if self.gamma_policy not in GAMMA_POLICIES:
+            raise InvalidInputError(f"gamma policy must be one of {', '.join(GAMMA_POLICIES)}, got {self.gamma_policy!r}")
+        dv = self.draft_vocab
+        if dv is not None and (isinstance(dv, bool) or not isinstance(dv, int) or dv < 0):
+            raise InvalidInputError(f"draft vocabulary limit must be a whole number >= 0, got {self.draft_vocab!r}")
+        ct = self.confidence_threshold
+        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not 0 <= ct < 1:
+            raise InvalidInputError(f"confidence threshold must be in [0, 1), got {self.confidence_threshold!r}")
+        if self.drafter not in DRAFTERS:
+            raise InvalidInputError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        _whole(self.ngram_min, "ngram_min", 1, MAX_NGRAM)
+        _whole(self.ngram_max, "ngram_max", self.ngram_min, MAX_NGRAM)
+        _whole(self.exit_layer, "exit_layer", 0, 1024)
+        self.sampling.validate()
+        return self
+
+    @property
+    def seed_reproducible(self) -> bool:
+        """Whether the same seed gives the same text on the same machine and dtype (see GAMMA_POLICIES)."""
+        return self.gamma_policy in SEED_REPRODUCIBLE_POLICIES
