@@ -83,7 +83,7 @@ def verify_batch(
     kept = u < a
     n_acc = kept.long().cumprod(-1).sum(-1)  # length of the leading run of kept tokens
     # A zero q row after the last draft makes the bonus a special case of the repair: residual(p, 0) = p.
-    q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)
+    q_pad = torch.cat([draft_probs, draft_probs.new_zeros(b, 1, draft_probs.shape[-1])], dim=1)  # also for g = 0
     rows = torch.arange(b, device=draft_tokens.device)
     final = repair(target_probs[rows, n_acc], q_pad[rows, n_acc])
     return BatchVerdict(n_acc, sample(final, generator), a, u, final)

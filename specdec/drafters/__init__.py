@@ -4,7 +4,9 @@ The decoder only needs `propose`; `feedback` lets a drafter adapt (draft length,
 A deterministic proposal (copied or re-tokenized text) has a one-hot q: the rule then keeps a guess x with
 probability p(x) and repairs from p with x removed, which is exact at any temperature. A drafter may propose
 nothing (tokens of length 0): the round is then a plain target step (its "bonus" token is drawn from p).
-`make_drafter` picks one by `DecodeSettings.drafter`.
+`make_drafter` picks one by `DecodeSettings.drafter`: "model" (model.py), "ngram" (prompt lookup, ngram.py),
+"early-exit" (the target's first layers, early_exit.py), "cross" (a draft with another tokenizer, cross.py).
+Every drafter works with every warp and gamma policy, except the pairs in REFUSED (ngram has no confidence).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from ..models import ModelPair
+    from .cross import CrossDraft
     from ..settings import DecodeSettings
 
 
@@ -51,19 +54,65 @@ class Drafter(Protocol):
         """Told after verification how many of the proposed tokens were kept; `committed` is the new text."""
 
 
-def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list[int]) -> Drafter:
-    """The drafter `settings.drafter` names, set up for this pair and prompt."""
-    from .model import DraftModelDrafter
-    from ..decoder import resolve_draft_vocab
+# Why a combination is refused, by (drafter, gamma policy).
+REFUSED = {
+    ("ngram", "confidence"): "the confidence policy ends a draft after a guess the draft model is unsure of, and "
+                             "the ngram drafter has no such probability: it copies text, so its q is 1 on every "
+                             "guess and the policy would never stop it (the same as fixed); choose fixed, "
+                             "heuristic or expected",
+}
 
-    if settings.drafter == "model":
-        threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
-        return DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
-                                 resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
+
+def check_combination(settings: "DecodeSettings") -> None:
+    """Raise InvalidInputError for a drafter / gamma policy pair that cannot work as asked (see REFUSED)."""
     from ..errors import InvalidInputError
 
-    raise InvalidInputError(f"the {settings.drafter!r} drafter is not available yet")
+    why = REFUSED.get((settings.drafter, settings.gamma_policy))
+    if why:
+        raise InvalidInputError(f"{settings.drafter} drafter with the {settings.gamma_policy} gamma policy: {why}")
 
 
-__all__ = ["Draft", "DraftModelDrafter", "Drafter", "make_drafter", "no_draft", "one_hot_draft"]
+def head_vocab_for(pair: "ModelPair", model: torch.nn.Module, draft_vocab: int | None) -> int:
+    """The reduced-head size for a drafting model (see decoder.resolve_draft_vocab), decided by that model's type."""
+    from ..decoder import AUTO_DRAFT_VOCAB
+    from ..kvcache import PLAIN_HEAD_TYPES
+
+    if draft_vocab is not None:
+        return draft_vocab
+    big = pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB
+    return AUTO_DRAFT_VOCAB if big and model.config.model_type in PLAIN_HEAD_TYPES else 0
+
+
+def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list[int],
+                 cross_draft: "CrossDraft | None" = None) -> Drafter:
+    """The drafter `settings.drafter` names, set up for this pair and prompt.
+
+    `cross_draft` (a model + tokenizer of another vocabulary) replaces the default cross draft (SmolLM2-135M, or a
+    tiny one for the tiny pair), e.g. in tests.
+    """
+    check_combination(settings)
+    threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
+    if settings.drafter == "model":
+        return DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
+                                 head_vocab_for(pair, pair.draft, settings.draft_vocab), pair.eos_token_ids)
+    if settings.drafter == "ngram":
+        from .ngram import NgramDrafter
+
+        return NgramDrafter(pair.vocab_size, pair.device, settings.ngram_max, settings.ngram_min, pair.eos_token_ids)
+    if settings.drafter == "early-exit":
+        from .early_exit import EarlyExitDrafter
+
+        return EarlyExitDrafter(pair.target, pair.vocab_size, settings.exit_layer, threshold,
+                                head_vocab_for(pair, pair.target, settings.draft_vocab), pair.eos_token_ids)
+    if settings.drafter == "cross":
+        from .cross import CrossTokenizerDrafter, load_cross_draft
+
+        return CrossTokenizerDrafter(pair.tokenizer, cross_draft or load_cross_draft(pair), pair.vocab_size,
+                                     prompt_ids, threshold)
+    from ..errors import InvalidInputError
+
+    raise InvalidInputError(f"unknown drafter {settings.drafter!r}")
+
+
+__all__ = ["Draft", "DraftModelDrafter", "Drafter", "check_combination", "make_drafter", "no_draft", "one_hot_draft"]
 from .model import DraftModelDrafter  # noqa: E402  (after Draft: model.py imports it from here)

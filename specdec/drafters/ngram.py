@@ -1,0 +1,96 @@
+"""Prompt lookup: guess that the text repeats itself (no draft model, so drafting costs ~nothing).
+
+The last n committed tokens (n from `n_max` down to `n_min`) are looked up in the prompt plus the text so far; the
+tokens that followed their MOST RECENT earlier occurrence are proposed, up to gamma of them. Recent matches are
+preferred because edits and answers copy the passage being worked on, and the nearest earlier copy of a phrase is
+the best predictor of how it goes on (transformers' prompt lookup takes the leftmost match instead).
+
+The proposal is a deterministic function of the committed text, so q is one-hot on it: verification keeps a guess x
+with probability p(x) and repairs from p with x removed, which is exact at every temperature. No match means no
+draft: the round is a plain target step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..events import DraftNote
+from . import Draft, no_draft, one_hot_draft
+
+
+def find_continuation(seq: np.ndarray, n_max: int, n_min: int, gamma: int) -> tuple[int, int, list[int]] | None:
+    """Look the suffix of `seq` up in `seq` itself; return (source_start, match_len, proposal) or None.
+
+    For n = n_max .. n_min, find the last start i < len - n with seq[i:i+n] == seq[-n:]; the proposal is what
+    followed, seq[i+n : i+n+gamma]. A match that runs into the suffix itself (text in a loop, "abab|ab") continues
+    periodically past the end, as an LZ77 copy does: the guess is that the loop goes on.
+    """
+    length = len(seq)
+    if length < 2:
+        return None
+    # Candidate match ENDS: earlier positions holding the last token (one vectorized pass over the text), then
+    # extend each candidate backwards while it keeps agreeing with the suffix, up to n_max tokens.
+    ends = np.flatnonzero(seq[: length - 1] == seq[length - 1])
+    if ends.size == 0:
+        return None
+    match = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for d in range(1, min(n_max, length - 1)):
+        back = ends - d
+        alive &= back >= 0
+        alive[alive] &= seq[back[alive]] == seq[length - 1 - d]
+        match += alive
+    best = int(match.max())
+    n = min(best, n_max)
+    if n < n_min:
+        return None
+    end = int(ends[np.flatnonzero(match >= n)[-1]])  # the most recent match of the longest length found
+    src = end + 1
+    out: list[int] = []
+    for j in range(gamma):
+        k = src + j
+        out.append(int(seq[k]) if k < length else out[k - length])
+    return src, n, out
+
+
+class NgramDrafter:
+    """Prompt-lookup drafter: copies what followed the most recent earlier match of the text's last n tokens."""
+
+    def __init__(self, vocab_size: int, device, n_max: int = 4, n_min: int = 1, eos_token_ids: tuple[int, ...] = ()):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.n_max, self.n_min = n_max, n_min
+        self.eos = set(eos_token_ids)
+        # The committed ids as a growing numpy buffer: the text only ever grows, so each round appends its new tokens
+        # instead of converting the whole list again.
+        self._buf = np.zeros(1024, dtype=np.int64)
+        self._len = 0
+
+    def _sync(self, committed: list[int]) -> np.ndarray:
+        n = len(committed)
+        if n < self._len:  # a different (shorter) text: start over
+            self._len = 0
+        if n > self._buf.shape[0]:
+            grown = np.zeros(max(n, 2 * self._buf.shape[0]), dtype=np.int64)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        if n > self._len:
+            self._buf[self._len : n] = committed[self._len :]
+            self._len = n
+        return self._buf[:n]
+
+    def propose(self, committed, gamma, cfg, gen) -> Draft:
+        found = find_continuation(self._sync(committed), self.n_max, self.n_min, gamma)
+        if found is None:
+            return no_draft(self.vocab_size, self.device, DraftNote("ngram", one_hot=True))
+        src, n, tokens = found
+        # A copied EOS ends the proposal: nothing after it could be committed.
+        for i, t in enumerate(tokens):
+            if t in self.eos:
+                tokens = tokens[: i + 1]
+                break
+        return one_hot_draft(tokens, self.vocab_size, self.device,
+                             DraftNote("ngram", one_hot=True, source_start=src, match_len=n))
+
+    def feedback(self, committed, n_accepted, n_drafted) -> None:
+        pass
