@@ -39,8 +39,8 @@ WORKDIR $HOME/app
 
 # 2. Convert the default pair at build time so the container starts in seconds. Only the loader is copied
 #    here, so this layer is rebuilt when the conversion code changes, not on every app edit.
-COPY --chown=user specdec/__init__.py specdec/errors.py specdec/models.py specdec/
-RUN python -c "from specdec.models import embedded_folder as f; f('qwen2.5-coder-0.5b-instruct'); f('qwen2.5-coder-1.5b-instruct')"
+COPY --chown=user specdec/__init__.py specdec/errors.py specdec/embedded.py specdec/
+RUN python -c "from specdec.embedded import embedded_folder as f; f('qwen2.5-coder-0.5b-instruct'); f('qwen2.5-coder-1.5b-instruct')"
 
 # 3. The application itself.
 COPY --chown=user . $HOME/app

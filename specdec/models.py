@@ -291,8 +291,8 @@ class PairCache:
     """Loaded pairs by key: pinned ones for good, the others least recently used first out beyond a limit.
 
     max_pairs: how many unpinned pairs to keep; None reads SPECDEC_MAX_PAIRS (default 2) at every trim, so a
-    deployment sets it in the environment. A leased pair (leases > 0) is skipped by eviction, so the cache may
-    hold more than the limit while those are in use; it is trimmed when their last lease ends.
+    deployment sets it in the environment. A leased pair (leases > 0) is skipped by eviction, and so is the most
+    recently used one, so the cache may hold more than the limit while leases last; it is trimmed when they end.
     """
 
     def __init__(self, max_pairs: int | None = None):
@@ -348,8 +348,11 @@ class PairCache:
     def trim(self) -> int:
         """Evict unleased unpinned pairs, least recently used first, down to limit(); returns how many left."""
         with self.lock:
-            evicted, excess = [], len(self._recent) - self.limit()
-            for key in list(self._recent):
+            limit = self.limit()
+            evicted, excess = [], len(self._recent) - limit
+            # The most recent pair was just loaded or asked for: keep it even when leased pairs fill the limit.
+            candidates = list(self._recent)[: -1 if limit else None]
+            for key in candidates:
                 if excess <= 0:
                     break
                 if self._recent[key].leases == 0:

@@ -197,28 +197,28 @@ def test_models_are_converted_at_build_time_as_the_user(instructions):
 
 
 def test_conversion_step_builds_every_embedded_model(instructions, monkeypatch):
-    import specdec.models
+    import specdec.embedded
 
     _, conv = conversion_step(instructions)
     words = shlex.split(conv.args)
     assert words[:2] == ["python", "-c"], conv.args
     code = words[2]
     called = []
-    monkeypatch.setattr(specdec.models, "embedded_folder", lambda slug, progress=None: called.append(slug))
+    monkeypatch.setattr(specdec.embedded, "embedded_folder", lambda slug, progress=None: called.append(slug))
     exec(compile(code, "<Dockerfile RUN>", "exec"), {})
-    assert sorted(called) == sorted(specdec.models.EMBEDDED)
+    assert sorted(called) == sorted(specdec.embedded.EMBEDDED)
 
 
 def test_conversion_layer_has_the_code_it_imports(instructions):
-    """Only the loader is copied before the conversion step; it must be everything models.py imports."""
+    """Only the converter is copied before the conversion step; it must be everything embedded.py imports."""
     n_conv, _ = conversion_step(instructions)
     copied = set()
     for n, c in find(instructions, "COPY"):
         if n < n_conv:
             copied.update(c.flags_and_rest()[1][:-1])
     assert "." not in copied, "copying the whole source before the conversion would rerun it on every edit"
-    tree = ast.parse((ROOT / "specdec" / "models.py").read_text())
-    needed = {"specdec/__init__.py", "specdec/models.py"}
+    tree = ast.parse((ROOT / "specdec" / "embedded.py").read_text())
+    needed = {"specdec/__init__.py", "specdec/embedded.py"}
     needed |= {f"specdec/{node.module}.py" for node in ast.walk(tree)
                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
     assert needed <= copied, f"missing before the conversion step: {sorted(needed - copied)}"

@@ -13,7 +13,8 @@ from scipy.stats import chisquare
 from specdec.decoder import DecodeSettings, SpeculativeDecoder, plain_decode
 from specdec.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
 from specdec.kvcache import CachedLM
-from specdec.models import load_pair, tiny_models, tiny_tokenizer
+from specdec.models import load_pair
+from specdec.tiny import tiny_models, tiny_tokenizer
 from specdec.sampling import SamplingConfig, warp
 
 PROMPT = "def fibonacci(n):"

@@ -14,7 +14,7 @@ import pytest
 import specdec.hub as hub
 from specdec.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
 from specdec.hub import check_model_id, estimate_parameters, human_count, validate_custom_pair
-from specdec.models import tiny_tokenizer
+from specdec.tiny import tiny_tokenizer
 
 
 def _qwen_config(vocab_size: int, **overrides):
