@@ -1,0 +1,428 @@
+"""Batched speculative decoding: B prompts decoded together, and the plain batched baseline with the same padding.
+
+Design (lockstep rows, rectangular caches):
+
+- Prompts are left-padded to one length; an attention mask marks the pads and position ids count only real
+  tokens (cumsum of the mask - 1), as transformers' own `generate` does for left padding. Each model keeps ONE
+  DynamicCache of shape [B, heads, T, dim] for all rows.
+- A round makes one draft forward pass per draft step for all rows (the first one also feeds whatever committed
+  tokens the draft cache lacks), then ONE target forward pass over the last committed token plus the γ guesses of
+  every row (B×(γ+1) tokens). The acceptance rule is applied per row by `specdec.verify.verify_batch`, the only
+  implementation of the rule in the project; q is exactly the warped draft distribution each guess was sampled
+  from and p gets the same warp.
+- Rows keep different numbers of guesses. Every active row then commits m + 1 tokens, where m is the smallest kept
+  count over the active rows: row b emits the first m + 1 tokens of its own round output (its accepted guesses
+  plus its own repair/bonus token when it is a minimal row, else m + 1 accepted guesses). Each row's emitted
+  stream is still an exact sample of the target: within a round, the token at position i is distributed as p
+  given the tokens before it and given that the round reached i, and the cut-off m + 1 depends only on the other
+  rows (independent draws) and on whether this row's round reached position m, never on the token values still
+  to come. So the cut is a stopping time and the stream follows p token by token.
+- Because every row advances by the same count, both caches stay rectangular and are cut back together with
+  `DynamicCache.crop` (no ragged caches, no per-row bookkeeping on the models).
+- The cost of this design: tokens that batch-1 decoding would have emitted but lockstep throws away, i.e.
+  Σ over active rows of (n_accepted_b + 1) - (m + 1) per round (`BatchRound.thrown`). A batch moves at the pace
+  of its least-accepted row, and with more rows the minimum shrinks (about 1 + Σ_k α^(kB) tokens per row per
+  round for i.i.d. acceptances α).
+- A row that reaches EOS or the token budget stops emitting; it keeps riding along as padding (mask 0, output
+  ignored, excluded from the minimum) so the tensors stay rectangular.
+
+Timing is synchronized on CUDA (`torch.cuda.synchronize`) so per-pass costs are real on GPUs as well.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from .decoder import DecodeSettings, encode_prompt, make_generator, resolve_draft_vocab
+from .errors import InvalidInputError
+from .kvcache import CachedLM
+from .models import ModelPair
+from .sampling import sample, warp
+from .verify import verify_batch
+
+MAX_BATCH = 16
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def encode_batch(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
+    """Token ids for each prompt of a batch; refuses a non-list, an empty batch, more than MAX_BATCH prompts and
+    any empty prompt (naming which one)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+        raise InvalidInputError(f"a batch must be a list of prompts (strings), got {type(prompts).__name__}")
+    if not prompts:
+        raise InvalidInputError("the batch is empty; give between 1 and 16 prompts")
+    if len(prompts) > MAX_BATCH:
+        raise InvalidInputError(f"the batch has {len(prompts)} prompts; the limit is {MAX_BATCH}")
+    out = []
+    for i, p in enumerate(prompts, 1):
+        if not isinstance(p, str):
+            raise InvalidInputError(f"prompt {i} of the batch is not text ({type(p).__name__})")
+        try:
+            out.append(encode_prompt(tokenizer, p, chat))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"prompt {i} of the batch: {exc}") from None
+    return out
+
+
+class BatchLM:
+    """A causal LM over B left-padded rows with one rectangular KV cache.
+
+    `head_vocab` > 0 gives the draft the same reduced head as batch-1 decoding (ids below it, EOS and every token
+    of any row's text), computed by the bookkeeping in `CachedLM`; q is then exactly the distribution over that
+    subset that the draft samples from.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
+        self.model = model
+        self.vocab_size = vocab_size
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0  # columns held in the cache (the same for every row)
+        self.head = CachedLM(model, vocab_size, head_vocab, always_keep)  # head bookkeeping only; its cache is unused
+
+    def keep_in_head(self, ids) -> None:
+        self.head.keep_in_head(ids)
+
+    def crop(self, n: int) -> None:
+        """Keep the first n cached columns of every row."""
+        if n < self.length:
+            self.cache.crop(n - self.length)  # transformers 5: a negative count of columns to drop
+            self.length = n
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, n_logits: int) -> torch.Tensor:
+        """Feed ids [B, n] whose full attention mask (cached columns + these) is mask [B, length + n]; return
+        logits [B, n_logits, V] for the last n_logits fed columns."""
+        n = ids.shape[1]
+        if mask.shape[1] != self.length + n:
+            raise ValueError(f"mask covers {mask.shape[1]} columns, cache {self.length} + fed {n}")
+        # Positions count real tokens only, so a left-padded row sees the same positions as it would alone.
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)[:, -n:]
+        h = self.head
+        if not h.head_cut:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True,
+                             logits_to_keep=n_logits)
+            self.length += n
+            return out.logits[:, -n_logits:, : self.vocab_size]
+        hidden = self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache,
+                                       use_cache=True).last_hidden_state[:, -n_logits:]
+        self.length += n
+        logits = torch.full((*hidden.shape[:2], self.vocab_size), float("-inf"), dtype=hidden.dtype,
+                            device=hidden.device)
+        logits[..., : h.head_cut] = torch.nn.functional.linear(hidden, h.head)
+        if h.extra_ids:
+            logits[..., h._extra_index] = torch.nn.functional.linear(hidden, h.extra_head)
+        return logits
+
+
+@dataclass
+class BatchRound:
+    """One lockstep round (speculative) or one step (plain) of a batch. Per-row lists have B entries."""
+
+    index: int
+    gamma: int  # draft tokens per row this round (0 for a plain step)
+    active: list[bool]  # rows still emitting when the round started
+    n_accepted: list[int | None]  # kept guesses per row (None: inactive row, or a plain step)
+    kept: int  # m: smallest kept count over the active rows
+    committed: list[list[int]]  # tokens each row emitted this round (empty once a row has stopped)
+    pieces: list[list[str]]  # the same tokens as text
+    own: list[bool]  # the row's last emitted token is its own repair/bonus (a minimal row), not a kept guess
+    thrown: int  # tokens batch-1 would have emitted but lockstep threw away, summed over active rows
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0  # target pass (plain: the whole step)
+    round_ms: float = 0.0
+    elapsed_ms: float = 0.0  # since the batch started, at the end of this round
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BatchResult:
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    ids: list[list[int]]  # generated tokens per row
+    texts: list[str]
+    stop_reasons: list[str | None]
+    latency_ms: list[float]  # per request: time from the batch start until its text was done
+    rounds: list[BatchRound] = field(default_factory=list)
+    gamma: int = 0  # 0 for the plain baseline
+
+    @property
+    def batch(self) -> int:
+        return len(self.ids)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(x) for x in self.ids)
+
+    @property
+    def elapsed_ms(self) -> float:
+        return self.rounds[-1].elapsed_ms if self.rounds else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        """Emitted tokens over all rows per second of wall time (the prompt pass included, as for any request)."""
+        return 1e3 * self.tokens / self.elapsed_ms if self.elapsed_ms else 0.0
+
+    def stats(self) -> dict:
+        """Totals for the benchmark: tokens per round per row, per-token alpha, thrown tokens, pass costs."""
+        spec = self.gamma > 0
+        row_rounds = sum(sum(r.active) for r in self.rounds)
+        committed = sum(len(c) for r in self.rounds for c in r.committed)
+        accepted = tested = 0
+        for r in self.rounds:
+            for a, n in zip(r.active, r.n_accepted):
+                if a and n is not None:
+                    accepted += n
+                    tested += n + (n < r.gamma)  # a rejected guess was tested too; guesses after it never were
+        # Round one also runs the prompts; later rounds with the full gamma give the steady per-pass costs.
+        steady = [r for r in self.rounds[1:] if r.gamma == self.gamma]
+        return {
+            "batch": self.batch,
+            "gamma": self.gamma,
+            "tokens": self.tokens,
+            "elapsed_ms": self.elapsed_ms,
+            "tok_s": self.tok_s,
+            "rounds": len(self.rounds),
+            "tokens_per_round_per_row": committed / row_rounds if row_rounds else None,
+            "alpha": accepted / tested if tested else None,
+            "thrown_per_round": sum(r.thrown for r in self.rounds) / len(self.rounds) if spec and self.rounds else None,
+            "latency_ms": list(self.latency_ms),
+            "verify_ms": _median([r.verify_ms for r in steady]),
+            "draft_pass_ms": _median([r.draft_ms / r.gamma for r in steady]) if spec else None,
+            "step_ms": None if spec else _median([r.round_ms for r in self.rounds[1:]]),
+        }
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+class _Rows:
+    """The committed text of B left-padded rows as one rectangular tensor plus its attention mask; who is active."""
+
+    def __init__(self, pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int):
+        self.pair = pair
+        self.prompt_ids = prompt_ids
+        self.max_new = max_new_tokens
+        tok = pair.tokenizer
+        self.pad = int(tok.pad_token_id if tok.pad_token_id is not None else (pair.eos_token_ids or (0,))[0])
+        width = max(len(p) for p in prompt_ids)
+        dev = pair.device
+        self.tokens = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompt_ids], device=dev)
+        self.mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=dev)
+        b = len(prompt_ids)
+        self.out: list[list[int]] = [[] for _ in range(b)]
+        self.active = [True] * b
+        self.stop: list[str | None] = [None] * b
+        self.finish_ms: list[float | None] = [None] * b
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def done(self) -> bool:
+        return not any(self.active)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens left in the budget; every active row has emitted the same count (lockstep)."""
+        return self.max_new - max(len(o) for o, a in zip(self.out, self.active) if a)
+
+    def active_col(self) -> torch.Tensor:
+        """Mask column for fed guesses: 1 for active rows, 0 for rows riding along as padding."""
+        return torch.tensor(self.active, dtype=self.mask.dtype, device=self.mask.device)[:, None]
+
+    def commit(self, chunks: list[list[int]], k: int, now_ms: float) -> list[list[int]]:
+        """Append k columns: row b's chunk (already k long for an active row) cut after EOS; pads elsewhere.
+        Returns what each row emitted."""
+        emitted, cols, mcols = [], [], []
+        eos = self.pair.eos_token_ids
+        for b, chunk in enumerate(chunks):
+            got: list[int] = []
+            if self.active[b]:
+                for t in chunk[:k]:
+                    got.append(t)
+                    if t in eos:
+                        self.stop[b] = "eos"
+                        break
+                self.out[b].extend(got)
+                if self.stop[b] is None and len(self.out[b]) >= self.max_new:
+                    self.stop[b] = "max_new_tokens"
+                if self.stop[b] is not None:
+                    self.active[b] = False
+                    self.finish_ms[b] = now_ms
+            emitted.append(got)
+            cols.append(got + [self.pad] * (k - len(got)))
+            mcols.append([1] * len(got) + [0] * (k - len(got)))
+        dev = self.tokens.device
+        self.tokens = torch.cat([self.tokens, torch.tensor(cols, device=dev)], 1)
+        self.mask = torch.cat([self.mask, torch.tensor(mcols, dtype=self.mask.dtype, device=dev)], 1)
+        return emitted
+
+    def result(self, prompts, rounds, gamma) -> BatchResult:
+        tok = self.pair.tokenizer
+        return BatchResult(list(prompts), self.prompt_ids, self.out,
+                           [tok.decode(o, skip_special_tokens=True) for o in self.out], self.stop,
+                           [f if f is not None else 0.0 for f in self.finish_ms], rounds, gamma)
+
+
+def _settings(settings: DecodeSettings) -> DecodeSettings:
+    s = settings.validate()
+    if s.gamma_policy != "fixed":
+        raise InvalidInputError("batched decoding uses a fixed gamma; adaptive gamma policies are batch-1 only")
+    return s
+
+
+class BatchedSpeculativeDecoder:
+    """Speculative decoding of B prompts in lockstep (see the module docstring); `step()` runs one round."""
+
+    def __init__(self, pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings()):
+        self.settings = s = _settings(settings)
+        self.pair = pair
+        self.prompts = list(prompts) if isinstance(prompts, (list, tuple)) else prompts
+        self.rows = _Rows(pair, encode_batch(pair.tokenizer, prompts, s.chat), s.max_new_tokens)
+        self.gen = make_generator(pair.device, s.seed)
+        self.target = BatchLM(pair.target, pair.vocab_size)
+        self.draft = BatchLM(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, s.draft_vocab), pair.eos_token_ids)
+        for p in self.rows.prompt_ids:
+            self.draft.keep_in_head(p)
+        self.rounds: list[BatchRound] = []
+        self._t0: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.rows.done
+
+    def run(self) -> BatchResult:
+        while not self.done:
+            self.step()
+        return self.result()
+
+    def result(self) -> BatchResult:
+        return self.rows.result(self.prompts, self.rounds, self.settings.gamma)
+
+    @torch.inference_mode()
+    def step(self) -> BatchRound:
+        if self.done:
+            raise InvalidInputError("the batch has finished; start a new run")
+        rows, cfg, dev = self.rows, self.settings.sampling, self.pair.device
+        remaining = rows.remaining
+        gamma = max(1, min(self.settings.gamma, remaining - 1))  # guesses past the budget would be wasted work
+        width = rows.width
+        act = rows.active_col()
+        was_active = list(rows.active)
+        _sync(dev)
+        t0 = time.perf_counter()
+        if self._t0 is None:
+            self._t0 = t0
+
+        # Draft: the first pass feeds the committed columns the draft cache lacks (the prompts in round one, two
+        # columns after an all-accepted round); each later pass feeds the previous guess of every row.
+        mask = rows.mask
+        logits = self.draft.forward(rows.tokens[:, self.draft.length :], mask, 1)[:, -1]
+        guesses, qs = [], []
+        for i in range(gamma):
+            if i > 0:
+                mask = torch.cat([mask, act], 1)
+                logits = self.draft.forward(guesses[-1][:, None], mask, 1)[:, -1]
+            q = warp(logits, cfg)  # [B, V]: exactly the distribution the guess is drawn from
+            guesses.append(sample(q, self.gen))
+            qs.append(q)
+        draft_tokens, q = torch.stack(guesses, 1), torch.stack(qs, 1)  # [B, g], [B, g, V]
+        _sync(dev)
+        t1 = time.perf_counter()
+
+        # Verify: one target pass over (last committed column + g guesses) for every row.
+        vmask = torch.cat([rows.mask, act.expand(-1, gamma)], 1)
+        fed = torch.cat([rows.tokens[:, self.target.length :], draft_tokens], 1)
+        p = warp(self.target.forward(fed, vmask, gamma + 1), cfg)  # [B, g+1, V], same warp as q
+        bv = verify_batch(draft_tokens, q, p, self.gen)
+        n_acc = bv.n_accepted.tolist()
+        nxt = bv.next_token.tolist()
+        _sync(dev)
+        t2 = time.perf_counter()
+
+        m = min(n for n, a in zip(n_acc, was_active) if a)
+        k = min(m + 1, remaining)
+        drafts = draft_tokens.tolist()
+        # Row b's round output is drafts[b][:n_b] + [nxt[b]]; every row emits its first m + 1 tokens.
+        chunks = [(d[:n] + [y])[: m + 1] for d, n, y in zip(drafts, n_acc, nxt)]
+        thrown = sum(min(n + 1, remaining) - k for n, a in zip(n_acc, was_active) if a)
+        emitted = rows.commit(chunks, k, (t2 - self._t0) * 1e3)
+        # Keep what every row still agrees with: all columns but the newest (its last token is not fed yet);
+        # the draft never fed its last guess, so after an all-kept round it lacks one column (caught up next round).
+        self.target.crop(width + k - 1)
+        self.draft.crop(min(width + k - 1, self.draft.length))
+        for e in emitted:
+            self.draft.keep_in_head(e)
+
+        tok = self.pair.tokenizer
+        t3 = time.perf_counter()
+        rnd = BatchRound(
+            index=len(self.rounds),
+            gamma=gamma,
+            active=was_active,
+            n_accepted=[n if a else None for n, a in zip(n_acc, was_active)],
+            kept=m,
+            committed=emitted,
+            pieces=[tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
+            own=[a and n == m and k == m + 1 and len(e) == k for n, a, e in zip(n_acc, was_active, emitted)],
+            thrown=thrown,
+            draft_ms=(t1 - t0) * 1e3,
+            verify_ms=(t2 - t1) * 1e3,
+            round_ms=(t3 - t0) * 1e3,
+            elapsed_ms=(t3 - self._t0) * 1e3,
+        )
+        self.rounds.append(rnd)
+        return rnd
+
+
+@torch.inference_mode()
+def plain_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(),
+                       on_step=None) -> BatchResult:
+    """Target-only decoding of B prompts with the same left padding, masks, warps and caching, one token per row per
+    step: the baseline the batched speculative loop is measured against. `on_step(BatchRound)` is called per step."""
+    s = _settings(settings)
+    rows = _Rows(pair, encode_batch(pair.tokenizer, prompts, s.chat), s.max_new_tokens)
+    lm = BatchLM(pair.target, pair.vocab_size)
+    gen = make_generator(pair.device, s.seed)
+    tok = pair.tokenizer
+    rounds: list[BatchRound] = []
+    _sync(pair.device)
+    start = time.perf_counter()
+    while not rows.done:
+        t0 = time.perf_counter()
+        was_active = list(rows.active)
+        y = sample(warp(lm.forward(rows.tokens[:, lm.length :], rows.mask, 1)[:, -1], s.sampling), gen).tolist()
+        _sync(pair.device)
+        t1 = time.perf_counter()
+        emitted = rows.commit([[t] for t in y], 1, (t1 - start) * 1e3)
+        rnd = BatchRound(len(rounds), 0, was_active, [None] * len(y), 0, emitted,
+                         [tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
+                         [bool(e) for e in emitted], 0, 0.0, (t1 - t0) * 1e3, (t1 - t0) * 1e3, (t1 - start) * 1e3)
+        rounds.append(rnd)
+        if on_step is not None:
+            on_step(rnd)
+    return rows.result(prompts, rounds, 0)
+
+
+def speculative_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(),
+                             on_round=None) -> BatchResult:
+    """Run the batched speculative loop to the end; `on_round(BatchRound)` is called after each round."""
+    dec = BatchedSpeculativeDecoder(pair, prompts, settings)
+    while not dec.done:
+        rnd = dec.step()
+        if on_round is not None:
+            on_round(rnd)
+    return dec.result()
