@@ -7,6 +7,7 @@ Ratios measured in one run are what to compare; absolute tok/s on shared machine
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -17,7 +18,8 @@ from pathlib import Path
 import torch
 
 from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, measure_step_costs, plain_decode
-from .metrics import alpha_estimate, predicted_speedup
+from .events import Round
+from .metrics import RunMetrics, summarize
 from .sampling import SamplingConfig
 
 PROMPTS = {
@@ -54,6 +56,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="our loop's draft head: ids below N plus EOS and the text's own tokens; 0 = full "
                          "vocabulary; default: 65536 for large vocabularies")
     ap.add_argument("--out", default="bench-results/bench.json")
+    ap.add_argument("--batch", default=None, help="e.g. 1,2,4,8,16: batched speculative vs plain batched decoding "
+                    "per batch size (latency vs throughput; JSON to bench-results/batch.json unless --out)")
 
 
 @dataclass
@@ -64,7 +68,7 @@ class Sample:
     prompt: str
     tokens: int
     seconds: float
-    extra: dict = field(default_factory=dict)
+    rounds: list[Round] = field(default_factory=list)  # our speculative loop's rounds (empty for other contenders)
 
     @property
     def tok_s(self) -> float:
@@ -87,42 +91,46 @@ def _sync(pair):
         torch.cuda.synchronize()
 
 
+def assistant_for(draft: torch.nn.Module, gamma: int) -> torch.nn.Module:
+    """The draft as transformers' assisted generation should run it here (constant gamma, no confidence stop).
+
+    transformers reads these knobs from the assistant's generation_config; a shallow copy of the module with its
+    own config changes them without touching the shared pair (the weights are the same objects)."""
+    view = copy.copy(draft)
+    gc = copy.deepcopy(draft.generation_config)
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
+    view.generation_config = gc
+    return view
+
+
 @torch.inference_mode()
-def run_hf(pair, prompt_ids, s: DecodeSettings, assisted: bool, gamma: int) -> tuple[int, float, dict]:
+def run_hf(pair, prompt_ids, s: DecodeSettings, assisted: bool, gamma: int) -> tuple[int, float, list]:
     ids = torch.tensor([prompt_ids], device=pair.device)
     kw = _hf_kwargs(s)
     if assisted:
-        gc = pair.draft.generation_config
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
-        kw["assistant_model"] = pair.draft
+        kw["assistant_model"] = assistant_for(pair.draft, gamma)
     torch.manual_seed(s.seed)
     _sync(pair)
     t0 = time.perf_counter()
     out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
                                min_new_tokens=0, pad_token_id=pair.tokenizer.pad_token_id, **kw)
     _sync(pair)
-    return out.shape[1] - ids.shape[1], time.perf_counter() - t0, {}
+    return out.shape[1] - ids.shape[1], time.perf_counter() - t0, []
 
 
 def run_ours_plain(pair, prompt, s):
     t0 = time.perf_counter()
     res = plain_decode(pair, prompt, s)
-    return len(res.ids), time.perf_counter() - t0, {}
+    return len(res.ids), time.perf_counter() - t0, []
 
 
-def run_ours_spec(pair, prompt, s, keep_rounds: list | None = None):
+def run_ours_spec(pair, prompt, s):
     t0 = time.perf_counter()
     dec = SpeculativeDecoder(pair, prompt, s)
     for _ in dec:
         pass
     _sync(pair)
-    sec = time.perf_counter() - t0
-    t = dec.totals
-    if keep_rounds is not None:
-        keep_rounds.append(dec.rounds)
-    rejections = sum(r.rejected_at is not None for r in dec.rounds)
-    return len(dec.generated_ids), sec, {"drafted": t.drafted, "accepted": t.accepted, "rounds": t.rounds,
-                                         "rejections": rejections, "draft_ms": t.draft_ms, "verify_ms": t.verify_ms}
+    return len(dec.generated_ids), time.perf_counter() - t0, dec.rounds
 
 
 def _median_tok_s(samples: list[Sample]) -> float:
@@ -139,17 +147,9 @@ def _median_tok_s(samples: list[Sample]) -> float:
     return tokens / secs if secs else 0.0
 
 
-def _total(spec: list[Sample], key: str) -> float:
-    return sum(x.extra.get(key, 0) for x in spec)
-
-
-def _spec_alpha(spec: list[Sample]) -> float:
-    return alpha_estimate(_total(spec, "accepted"), _total(spec, "rejections"))
-
-
-def _mean_gamma(spec: list[Sample]) -> float | None:
-    rounds = _total(spec, "rounds")
-    return _total(spec, "drafted") / rounds if rounds else None
+def spec_metrics(spec: list[Sample], costs=None) -> RunMetrics:
+    """Acceptance, c_loop and the predicted speedup of our loop's timed runs, pooled (specdec.metrics conventions)."""
+    return summarize([r for x in spec for r in x.rounds], costs)
 
 
 def _jobs(prompts: dict, modes: list[str]) -> list[tuple[str, str, str]]:
@@ -157,53 +157,38 @@ def _jobs(prompts: dict, modes: list[str]) -> list[tuple[str, str, str]]:
     return [(k, m, p) for m in modes for k in prompts for p in prompts[k]]
 
 
-def loop_cost_ratio(spec: list[Sample]) -> float | None:
-    """c as the loop pays it: mean draft time per drafted token over mean verification time per round, from the
-    timed runs themselves (a round drafts one token per draft pass and makes one target pass)."""
-    drafted, verify_ms = _total(spec, "drafted"), _total(spec, "verify_ms")
-    if not drafted or not verify_ms:
-        return None
-    return (_total(spec, "draft_ms") / drafted) / (verify_ms / _total(spec, "rounds"))
-
-
-def summarize_group(samples: list[Sample], gamma: int | None, c: float) -> dict:
-    """`c` is the plain per-token cost ratio; the prediction uses the in-run ratio when the runs have one, since
-    it is measured under the same machine load as the speedup it is compared with."""
+def summarize_group(samples: list[Sample], costs) -> dict:
+    """Side-by-side ratios of one group; the prediction follows specdec.metrics (mean draft length, c_loop)."""
     by = {k: [x for x in samples if x.contender == k] for k in CONTENDERS}
     tok_s = {k: _median_tok_s(v) for k, v in by.items()}
-    spec = by["ours_spec"]
-    drafted, accepted, rounds = _total(spec, "drafted"), _total(spec, "accepted"), _total(spec, "rounds")
-    alpha = _spec_alpha(spec)
+    m = spec_metrics(by["ours_spec"], costs)
     ratio = lambda a, b: tok_s[a] / tok_s[b] if tok_s.get(b) else None  # noqa: E731
     measured = ratio("ours_spec", "ours_plain")
-    c_run = loop_cost_ratio(spec)
-    mean_gamma = _mean_gamma(spec)
-    g_pred = gamma if gamma is not None else mean_gamma  # adaptive runs: the formula at their mean draft length
-    pred = predicted_speedup(alpha, g_pred, c_run if c_run is not None else c) if drafted else None
+    pred = m.predicted_speedup if m.drafted else None
     return {
         "tok_s": tok_s,
         "d/a": ratio("ours_spec", "hf_plain"),
         "d/b": ratio("ours_spec", "hf_assisted"),
         "c/a": ratio("ours_plain", "hf_plain"),
         "b/a": ratio("hf_assisted", "hf_plain"),
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "alpha": alpha,
-        "tokens_per_round": sum(x.tokens for x in spec) / rounds if rounds else None,
-        "mean_gamma": mean_gamma,
-        "c": c,
-        "c_run": c_run,
+        "acceptance_rate": m.acceptance_rate if m.drafted else None,
+        "alpha": m.alpha,
+        "tokens_per_round": m.tokens_per_round if m.rounds else None,
+        "mean_gamma": m.mean_gamma if m.rounds else None,
+        "c_plain": m.c_plain,
+        "c_loop": m.c_loop,
         "measured_speedup": measured,
         "predicted_speedup": pred,
         "measured/predicted": measured / pred if measured and pred else None,
     }
 
 
-def run_one(pair, name, prompt, s: DecodeSettings, keep_rounds: list | None = None) -> tuple[int, float, dict]:
+def run_one(pair, name, prompt, s: DecodeSettings) -> tuple[int, float, list]:
     if name in ("hf_plain", "hf_assisted"):
         return run_hf(pair, encode_prompt(pair.tokenizer, prompt, s.chat), s, name == "hf_assisted", s.gamma)
     if name == "ours_plain":
         return run_ours_plain(pair, prompt, s)
-    return run_ours_spec(pair, prompt, s, keep_rounds)
+    return run_ours_spec(pair, prompt, s)
 
 
 def _rotated(seq, k: int) -> list:
@@ -214,7 +199,7 @@ def _rotated(seq, k: int) -> list:
 
 
 def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDERS, log=print,
-             draft_vocab=None, keep_rounds: list | None = None, policy: str = "fixed") -> list[Sample]:
+             draft_vocab=None, policy: str = "fixed") -> list[Sample]:
     jobs = _jobs(prompts, modes)
     kind, mode, prompt = jobs[0]
     for name in contenders:  # warm-up: first calls pay one-time allocation and dispatch costs
@@ -225,8 +210,8 @@ def run_grid(pair, prompts, modes, gamma, max_new, repeats, contenders=CONTENDER
             s = DecodeSettings(gamma=gamma, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
                                chat=kind == "chat", draft_vocab=draft_vocab, gamma_policy=policy)
             for name in _rotated(contenders, j + rep - 1):
-                n, sec, extra = run_one(pair, name, prompt, s, keep_rounds)
-                samples.append(Sample(name, kind, mode, prompt, n, sec, extra))
+                n, sec, rounds = run_one(pair, name, prompt, s)
+                samples.append(Sample(name, kind, mode, prompt, n, sec, rounds))
                 log(f"  rep {rep} {mode:7s} {kind:5s} {name:11s} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
     return samples
 
@@ -241,7 +226,7 @@ def _fmt(x, spec="{:.2f}"):
 def print_table(groups: dict, out=None) -> None:
     out = out or sys.stdout
     head = (f"{'group':16s} {'hf_plain':>8s} {'hf_assist':>9s} {'ours_pl':>8s} {'ours_sp':>8s} {'(d)/(a)':>8s} "
-            f"{'(d)/(b)':>8s} {'(c)/(a)':>8s} {'alpha':>6s} {'tok/rnd':>7s} {'c':>5s} {'meas':>5s} {'pred':>5s} "
+            f"{'(d)/(b)':>8s} {'(c)/(a)':>8s} {'alpha':>6s} {'tok/rnd':>7s} {'c_lp':>5s} {'meas':>5s} {'pred':>5s} "
             f"{'m/p':>5s}")
     print(head, file=out)
     print("-" * len(head), file=out)
@@ -249,7 +234,7 @@ def print_table(groups: dict, out=None) -> None:
         t = g["tok_s"]
         print(f"{name:16s} {t['hf_plain']:8.2f} {t['hf_assisted']:9.2f} {t['ours_plain']:8.2f} {t['ours_spec']:8.2f} "
               f"{_fmt(g['d/a']):>8s} {_fmt(g['d/b']):>8s} {_fmt(g['c/a']):>8s} {_fmt(g['alpha']):>6s} "
-              f"{_fmt(g['tokens_per_round']):>7s} {_fmt(g['c_run']):>5s} {_fmt(g['measured_speedup']):>5s} "
+              f"{_fmt(g['tokens_per_round']):>7s} {_fmt(g['c_loop']):>5s} {_fmt(g['measured_speedup']):>5s} "
               f"{_fmt(g['predicted_speedup']):>5s} {_fmt(g['measured/predicted']):>5s}", file=out)
 
 
@@ -265,7 +250,7 @@ def _tok_s(samples: list[Sample]) -> float:
     return sum(x.tokens for x in samples) / secs if secs else 0.0
 
 
-def sweep(pair, gammas, prompts, modes, max_new, repeats, c, log, draft_vocab=None) -> list[dict]:
+def sweep(pair, gammas, prompts, modes, max_new, repeats, costs, log, draft_vocab=None) -> list[dict]:
     """Our plain baseline and our loop at each gamma, interleaved per prompt: measured vs predicted speedup."""
     jobs = _jobs(prompts, modes)
     run_ours_spec(pair, jobs[0][2], DecodeSettings(gamma=gammas[0], max_new_tokens=4))  # warm-up
@@ -280,16 +265,14 @@ def sweep(pair, gammas, prompts, modes, max_new, repeats, c, log, draft_vocab=No
                     n, sec, _ = run_ours_plain(pair, prompt, s)
                     base.append(Sample("ours_plain", kind, mode, prompt, n, sec))
                     continue
-                n, sec, extra = run_ours_spec(pair, prompt, replace(s, gamma=g))
-                spec[g].append(Sample(f"ours_spec-{g}", kind, mode, prompt, n, sec, extra))
+                n, sec, rounds = run_ours_spec(pair, prompt, replace(s, gamma=g))
+                spec[g].append(Sample(f"ours_spec-{g}", kind, mode, prompt, n, sec, rounds))
                 log(f"  rep {rep} {mode:7s} {kind:5s} gamma={g:2d} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
     rows = []
     for g, xs in spec.items():
-        alpha = _spec_alpha(xs)
-        c_run = loop_cost_ratio(xs)
-        rows.append({"gamma": g, "alpha": alpha, "c_run": c_run, "tok_s": _tok_s(xs),
-                     "measured_speedup": _tok_s(xs) / _tok_s(base),
-                     "predicted_speedup": predicted_speedup(alpha, g, c_run if c_run is not None else c)})
+        m = spec_metrics(xs, costs)
+        rows.append({"gamma": g, "alpha": m.alpha, "c_loop": m.c_loop, "tok_s": _tok_s(xs),
+                     "measured_speedup": _tok_s(xs) / _tok_s(base), "predicted_speedup": m.predicted_speedup})
     return rows
 
 
@@ -307,21 +290,21 @@ def adaptive_compare(pair, prompts, modes, max_new, fixed, repeats, log, draft_v
             for policy, g in _rotated(policies, j + rep - 1):
                 s = DecodeSettings(gamma=g, max_new_tokens=max_new, sampling=_sampling(mode), seed=rep,
                                    chat=kind == "chat", gamma_policy=policy, draft_vocab=draft_vocab)
-                n, sec, extra = run_ours_spec(pair, prompt, s)
-                samples[(policy, g)].append(Sample(f"{policy}-{g}", kind, mode, prompt, n, sec, extra))
+                n, sec, rounds = run_ours_spec(pair, prompt, s)
+                samples[(policy, g)].append(Sample(f"{policy}-{g}", kind, mode, prompt, n, sec, rounds))
                 log(f"  rep {rep} {mode:7s} {kind:5s} {policy:10s} gamma={g:2d} {n:3d} tok {sec:6.2f} s "
-                    f"{n / sec:6.2f} tok/s  mean gamma {extra['drafted'] / extra['rounds']:.1f}")
+                    f"{n / sec:6.2f} tok/s  mean gamma {summarize(rounds).mean_gamma:.1f}")
     rows = []
     for (policy, g), xs in samples.items():
-        rows.append({"policy": policy, "gamma": g, "tok_s": _tok_s(xs),
-                     "mean_gamma": _mean_gamma(xs), "alpha": _spec_alpha(xs)})
+        m = spec_metrics(xs)
+        rows.append({"policy": policy, "gamma": g, "tok_s": _tok_s(xs), "mean_gamma": m.mean_gamma, "alpha": m.alpha})
     best_fixed = max(r["tok_s"] for r in rows if r["policy"] == "fixed")
     for r in rows:
         r["vs_best_fixed"] = r["tok_s"] / best_fixed
     return rows
 
 
-def render_overhead(runs: list[list], target_ms: float, draft_ms: float, log) -> dict:
+def render_overhead(runs: list[list[Round]], costs, log) -> dict:
     """Replay the rounds of timed speculative runs through the app's renderers (tokens, phases, stats and both
     charts for every round: the worst case, the app redraws charts at most once a second) and compare the
     render time with the generation time of those same rounds."""
@@ -333,9 +316,9 @@ def render_overhead(runs: list[list], target_ms: float, draft_ms: float, log) ->
             t0 = time.perf_counter()
             render_round(rnd)
             render_phases(rnd)
-            render_stats(rounds[: i + 1], target_ms, draft_ms)
+            render_stats(rounds[: i + 1], costs)
             pq_figure(rnd, rnd.rejected_at or 0).to_json()
-            speedup_figure(rounds[: i + 1], target_ms, draft_ms).to_json()
+            speedup_figure(rounds[: i + 1], costs).to_json()
             render_ms += (time.perf_counter() - t0) * 1e3
             gen_ms += rnd.round_ms
     frac = render_ms / gen_ms if gen_ms else 0.0
@@ -343,9 +326,11 @@ def render_overhead(runs: list[list], target_ms: float, draft_ms: float, log) ->
     return {"render_ms": render_ms, "generation_ms": gen_ms, "fraction": frac}
 
 
-def cmd_bench(args) -> int:
-    from .cli import load_from_args
-
+def cmd_bench(args, load) -> int:
+    """`load()` returns the pair the command line asked for (the CLI owns model arguments)."""
+    if args.batch:  # batched decoding has its own measurement
+        from .batch_bench import cmd_batch_bench
+        return cmd_batch_bench(args, load)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     kinds = [k for k in args.kinds.split(",") if k]
     modes = [m for m in args.modes.split(",") if m]
@@ -353,19 +338,19 @@ def cmd_bench(args) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     prompts = {k: PROMPTS[k][:1] if args.quick else PROMPTS[k] for k in kinds}
     dv = args.draft_vocab
-    pair = load_from_args(args)
+    pair = load()
     costs = measure_step_costs(pair, n_tokens=8 if args.quick else 16, draft_vocab=dv)
-    target_ms, draft_ms = costs.target_ms, costs.draft_ms
-    c = draft_ms / target_ms
-    log(f"step cost: target {target_ms:.1f} ms/token, draft {draft_ms:.1f} ms/token, c = {c:.3f}")
-    result = {"models": pair.describe(), "draft_vocab": dv, "max_new_tokens": max_new, "repeats": repeats, "c": c,
-              "target_ms": target_ms, "draft_ms": draft_ms, "torch_threads": torch.get_num_threads()}
+    log(f"step cost: target {costs.target_ms:.1f} ms/token, draft {costs.draft_ms:.1f} ms/token, "
+        f"c_plain = {costs.c_plain:.3f}")
+    result = {"models": pair.describe(), "draft_vocab": dv, "max_new_tokens": max_new, "repeats": repeats,
+              "c_plain": costs.c_plain, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms,
+              "torch_threads": torch.get_num_threads()}
     if args.sweep_gamma:
-        rows = sweep(pair, _parse_range(args.sweep_gamma), prompts, modes, max_new, repeats, c, log, dv)
-        print(f"{'gamma':>5s} {'alpha':>6s} {'c':>5s} {'measured':>9s} {'predicted':>9s}")
+        rows = sweep(pair, _parse_range(args.sweep_gamma), prompts, modes, max_new, repeats, costs, log, dv)
+        print(f"{'gamma':>5s} {'alpha':>6s} {'c_loop':>6s} {'measured':>9s} {'predicted':>9s}")
         for r in rows:
-            print(f"{r['gamma']:5d} {r['alpha']:6.3f} {_fmt(r['c_run']):>5s} {r['measured_speedup']:9.2f} "
-                  f"{r['predicted_speedup']:9.2f}")
+            print(f"{r['gamma']:5d} {r['alpha']:6.3f} {_fmt(r['c_loop']):>6s} {r['measured_speedup']:9.2f} "
+                  f"{_fmt(r['predicted_speedup']):>9s}")
         result["sweep"] = rows
     elif args.gamma == "auto":
         rows = adaptive_compare(pair, prompts, modes, max_new, [2, 3, 4, 6, 8], repeats, log, dv)
@@ -376,23 +361,23 @@ def cmd_bench(args) -> int:
         result["adaptive"] = rows
     else:
         gamma = int(args.gamma)
-        spec_runs: list[list] = []
         samples = run_grid(pair, prompts, modes, gamma, max_new, repeats, log=log, draft_vocab=dv,
-                           keep_rounds=spec_runs, policy=args.policy)
+                           policy=args.policy)
         if args.policy != "fixed":
             print(f"our loop (d): gamma policy '{args.policy}' starting at {gamma}; (b): constant gamma {gamma}; the "
                   "predicted column uses the mean draft length")
-        g_pred = gamma if args.policy == "fixed" else None
         groups = {}
         for mode in modes:
             for kind in kinds:
                 groups[f"{mode}/{kind}"] = summarize_group([x for x in samples if (x.mode, x.kind) == (mode, kind)],
-                                                           g_pred, c)
-            groups[f"{mode}/all"] = summarize_group([x for x in samples if x.mode == mode], g_pred, c)
-        groups["all"] = summarize_group(samples, g_pred, c)
+                                                           costs)
+            groups[f"{mode}/all"] = summarize_group([x for x in samples if x.mode == mode], costs)
+        groups["all"] = summarize_group(samples, costs)
         print_table(groups)
-        result.update(gamma=gamma, policy=args.policy, groups=groups, samples=[x.__dict__ for x in samples])
-        result["render"] = render_overhead(spec_runs, target_ms, draft_ms, log)
+        result.update(gamma=gamma, policy=args.policy, groups=groups,
+                      samples=[{"contender": x.contender, "kind": x.kind, "mode": x.mode, "prompt": x.prompt,
+                                "tokens": x.tokens, "seconds": x.seconds, "rounds": len(x.rounds)} for x in samples])
+        result["render"] = render_overhead([x.rounds for x in samples if x.rounds], costs, log)
         print(f"render overhead (app components, charts every round): {result['render']['fraction']:.2%} of "
               "generation time")
     out = Path(args.out)

@@ -6,8 +6,10 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from .errors import SpecDecError
+from .settings import DRAFTERS
 
 
 def _add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -16,6 +18,8 @@ def _add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--draft", help="draft model: hub id or local folder (overrides the pair's draft)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--device-map", choices=["auto", "balanced", "balanced_low_0", "sequential", "none"],
+                    help="shard the target across devices with accelerate (default: $SPECDEC_DEVICE_MAP, else none)")
 
 
 def _add_sampling_args(ap: argparse.ArgumentParser) -> None:
@@ -49,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-vocab", type=int, default=None,
                    help="draft head: ids below N plus EOS and the text's own tokens; 0 = full vocabulary; "
                         "default: 65536 for large vocabularies")
+    g.add_argument("--drafter", default="model", choices=list(DRAFTERS),
+                   help="who proposes the guesses: the draft model, n-gram prompt lookup, the target's first "
+                        "layers (early exit), or a draft with another tokenizer (cross)")
+    g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix matched (tried first)")
+    g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix matched")
+    g.add_argument("--exit-layer", type=int, default=0, help="early-exit: layers that draft (0 = a quarter)")
     g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--trace", metavar="FILE", help="write the run as a specdec trace (JSON) to FILE")
     _add_sampling_args(g)
     _add_model_args(g)
     g.add_argument("--compare", action="store_true", help="also run plain target decoding and report the speedup")
@@ -77,6 +88,10 @@ def decode_settings(args):
         gamma_policy=args.adaptive if auto else "fixed",
         confidence_threshold=args.confidence_threshold,
         draft_vocab=args.draft_vocab,
+        drafter=args.drafter,
+        ngram_max=args.ngram_max,
+        ngram_min=args.ngram_min,
+        exit_layer=args.exit_layer,
     ).validate()
 
 
@@ -84,12 +99,12 @@ def load_from_args(args):
     from .models import load_pair
 
     return load_pair(args.pair, target=args.target, draft=args.draft, dtype=args.dtype, device=args.device,
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     device_map=getattr(args, "device_map", None), progress=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def cmd_generate(args) -> int:
     from .decoder import SpeculativeDecoder, plain_decode
-    from .metrics import summarize
+    from .metrics import StepCosts
 
     settings = decode_settings(args)
     pair = load_from_args(args)
@@ -105,8 +120,13 @@ def cmd_generate(args) -> int:
     for rnd in dec:
         if args.json:
             print(json.dumps(rnd.to_dict()), flush=True)
-    m = summarize(dec.rounds, baseline.ms_per_token if baseline else None,
-                  draft_only.ms_per_token if draft_only else None)
+    costs = StepCosts(baseline.ms_per_token, draft_only.ms_per_token) if baseline and draft_only else None
+    record = dec.record(costs)
+    m = record.metrics
+    if args.trace:
+        from .trace import dumps_trace
+
+        Path(args.trace).write_text(dumps_trace(record), encoding="utf-8")
     spec_tok_s = 1e3 * len(dec.generated_ids) / dec.totals.elapsed_ms if dec.totals.elapsed_ms else 0.0
     summary = {
         "text": dec.text,
@@ -126,7 +146,8 @@ def cmd_generate(args) -> int:
             baseline_tok_s=baseline.tok_s,
             speculative_tok_s=spec_tok_s,
             speedup=spec_tok_s / baseline.tok_s if baseline.tok_s else None,
-            c=m.c,
+            c_plain=m.c_plain,
+            c_loop=m.c_loop,
             predicted_speedup=m.predicted_speedup,
             same_text=baseline.ids == dec.generated_ids,
         )
@@ -138,7 +159,8 @@ def cmd_generate(args) -> int:
             f"{m.tokens_per_round:.2f} tokens/round (incl. repaired/bonus) | {spec_tok_s:.2f} tok/s")
     if baseline:
         line += f" | plain {baseline.tok_s:.2f} tok/s | speedup {summary['speedup']:.2f}x"
-        line += f" (predicted {m.predicted_speedup:.2f}x, c={m.c:.2f})" if m.predicted_speedup else ""
+        line += (f" (predicted {m.predicted_speedup:.2f}x at c_loop={m.c_loop:.2f}, mean gamma {m.mean_gamma:.1f})"
+                 if m.predicted_speedup and m.c_loop is not None else "")
     print(line, file=sys.stderr)
     return 0
 
@@ -151,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         from .bench import cmd_bench
 
-        return cmd_bench(args)
+        return cmd_bench(args, lambda: load_from_args(args))
     except SpecDecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,8 +7,6 @@ looked up on the module at call time (so a test that monkeypatches a broken veri
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,9 +20,9 @@ from . import verify as verify_mod
 from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, resolve_draft_vocab
 from .drafters import DraftModelDrafter
 from .errors import InvalidInputError
-from .events import Round, TokenProb
+from .record import RunRecord
 from .kvcache import CachedLM
-from .metrics import alpha_estimate, predicted_speedup
+from .metrics import predicted_speedup
 from .sampling import SamplingConfig, warp
 
 MIN_TOKENS, MAX_TOKENS = 3, 6
@@ -141,10 +139,10 @@ def _engine_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return verify_mod.residual_distribution(p, q)
 
 
-REPAIRS: dict[str, tuple[str, Callable | None]] = {
-    "correct": ("Correct: draw from max(0, p − q)", None),
-    "fresh-p": ("Wrong: fresh draw from p", repair_fresh_from_p),
-    "from-q": ("Wrong: draw from q again", repair_from_q),
+REPAIRS: dict[str, Callable | None] = {  # None: the engine's own residual
+    "correct": None,
+    "fresh-p": repair_fresh_from_p,
+    "from-q": repair_from_q,
 }
 
 
@@ -153,7 +151,7 @@ def resolve_repair(key_or_fn: str | Callable | None) -> Callable:
         return key_or_fn or _engine_residual
     if key_or_fn not in REPAIRS:
         raise LabInputError(f"unknown repair '{key_or_fn}'; choose one of {', '.join(REPAIRS)}")
-    return REPAIRS[key_or_fn][1] or _engine_residual
+    return REPAIRS[key_or_fn] or _engine_residual
 
 
 # --------------------------------------------------------------------------------------------- sampling
@@ -435,159 +433,26 @@ def speedup_curve(gamma: int, c: float, alphas: Sequence[float]) -> list[float]:
 
 @dataclass
 class RunPoint:
-    """One recorded playground run, reduced to what the speedup chart can place."""
+    """One recorded run, reduced to what the speedup chart can place."""
 
     label: str
+    drafter: str
     rounds: int
-    alpha: float  # per-token acceptance, metrics.alpha_estimate (the alpha of the Leviathan formula)
+    alpha: float  # per-token acceptance (the alpha of the Leviathan formula)
     mean_gamma: float
     tokens_per_round: float
     measured_speedup: float | None  # only when the run carries a plain-decoding baseline
-    c_estimate: float | None  # (draft ms per drafted token) / (verify ms per round), from the rounds' timings
-    c_measured: float | None = None  # draft / target plain per-token cost, when the playground timed both models
+    c_loop: float | None  # the cost ratio the loop paid (metrics module docstring)
+    c_plain: float | None = None  # draft / target plain per-token cost, when the pair's costs were measured
 
 
-def _round_dicts(rounds) -> list[dict]:
-    return [r.to_dict() if isinstance(r, Round) else dict(r) for r in rounds]
-
-
-def runs_in(state) -> list[tuple[list[dict], dict]]:
-    """Accept what the playground may store: a list of rounds, {"rounds": [...], ...}, or a list of such runs."""
-    if not state:
-        return []
-    if isinstance(state, dict):
-        return [(_round_dicts(state.get("rounds") or []), state)]
-    if isinstance(state, (list, tuple)):
-        if all(isinstance(x, dict) and "rounds" in x for x in state):
-            return [(_round_dicts(x.get("rounds") or []), x) for x in state]
-        return [(_round_dicts(state), {})]
-    return []
-
-
-def _positive(meta: dict, key: str) -> float | None:
-    """meta[key] or meta["metrics"][key] when it is a positive finite number (absent or None otherwise)."""
-    for src in (meta, meta.get("metrics") or {}):
-        v = src.get(key) if isinstance(src, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-            return float(v)
-    return None
-
-
-def run_points(state) -> list[RunPoint]:
+def run_points(records: Sequence[RunRecord]) -> list[RunPoint]:
+    """A point per run that drafted anything."""
     points = []
-    for i, (rounds, meta) in enumerate(runs_in(state), 1):
-        rounds = [r for r in rounds if isinstance(r, dict) and r.get("gamma")]
-        if not rounds:
+    for rec in records:
+        m = rec.metrics
+        if not m.drafted:
             continue
-        drafted = sum(int(r["gamma"]) for r in rounds)
-        accepted = sum(int(r.get("n_accepted", 0)) for r in rounds)
-        rejections = sum(r.get("rejected_at") is not None for r in rounds)
-        committed = sum(len(r.get("committed_ids") or []) for r in rounds)
-        d_ms = sum(float(r.get("draft_ms") or 0) for r in rounds)
-        v_ms = sum(float(r.get("verify_ms") or 0) for r in rounds)
-        c_est = (d_ms / drafted) / (v_ms / len(rounds)) if d_ms > 0 and v_ms > 0 else None
-        label = str(meta.get("label") or (f"run {i}" if len(runs_in(state)) > 1 else "your last run"))
-        if meta.get("pair"):
-            label += f" ({meta['pair']})"
-        points.append(
-            RunPoint(label, len(rounds), alpha_estimate(accepted, rejections), drafted / len(rounds), committed / len(rounds),
-                     _positive(meta, "speedup"), c_est, _positive(meta, "c"))
-        )
+        points.append(RunPoint(rec.display_label, rec.settings.drafter, m.rounds, m.alpha, m.mean_gamma,
+                               m.tokens_per_round, m.speedup, m.c_loop, m.c_plain))
     return points
-
-
-# ------------------------------------------------------------------------------------ walkthrough rounds
-
-
-def _example_round(context: str, steps: list[tuple[str, dict[str, float], dict[str, float]]],
-                   bonus_p: dict[str, float], uniforms: list[float], emit: str) -> dict:
-    """A Round dict for a hand-made example, with its verdict produced by specdec.verify.verify.
-
-    steps holds (drafted piece, q row, p row) per position over a small made-up vocabulary; the recorded
-    uniforms are replayed, so verify decides what is kept. The repair or bonus token is verify's own draw;
-    seeds are tried in order until that draw is `emit`, the token the story tells (it must be possible).
-    """
-    vocab: list[str] = []
-    for piece, q, p in steps:
-        for w in [piece, *q, *p]:
-            if w not in vocab:
-                vocab.append(w)
-    for w in bonus_p:
-        if w not in vocab:
-            vocab.append(w)
-    idx = {w: i for i, w in enumerate(vocab)}
-
-    def row(d: dict[str, float]) -> torch.Tensor:
-        t = torch.zeros(len(vocab))
-        for w, v in d.items():
-            t[idx[w]] = v
-        return t / t.sum()
-
-    q = torch.stack([row(s[1]) for s in steps])
-    p = torch.stack([row(s[2]) for s in steps] + [row(bonus_p)])
-    draft = torch.tensor([idx[s[0]] for s in steps])
-    for seed in range(1000):
-        gen = torch.Generator().manual_seed(seed)
-        verdict = verify_mod.verify(draft, q, p, gen, uniforms=torch.tensor(uniforms))
-        if verdict.tokens[-1] == idx[emit]:
-            break
-    else:
-        raise ValueError(f"verify never emitted {emit!r} for this example")
-
-    def top(r: torch.Tensor) -> list[dict]:
-        order = torch.argsort(r, descending=True)
-        return [TokenProb(int(i), vocab[int(i)], float(r[i])).__dict__ for i in order if r[i] > 0]
-
-    g = len(steps)
-    emitted = verdict.tokens[-1]
-    n = verdict.n_accepted
-    return {
-        "index": 0, "position": 0, "gamma": g,
-        "draft_ids": draft.tolist(), "draft_pieces": [s[0] for s in steps],
-        "q_draft": [float(q[i, draft[i]]) for i in range(g)],
-        "p_draft": [float(p[i, draft[i]]) for i in range(g)],
-        "accept_probs": verdict.accept_probs.tolist(), "uniforms": verdict.uniforms.tolist(),
-        "n_accepted": n, "rejected_at": verdict.rejected_at,
-        "emitted_id": emitted, "emitted_piece": vocab[emitted], "is_bonus": verdict.bonus,
-        "emitted_p": float(p[n, emitted]),
-        "q_top": [top(q[i]) for i in range(g)], "p_top": [top(p[i]) for i in range(g + 1)],
-        "residual_top": top(verdict.residual) if verdict.residual is not None else None,
-        "committed_ids": verdict.tokens, "committed_pieces": [vocab[t] for t in verdict.tokens],
-        "draft_ms": 0.0, "verify_ms": 0.0, "context": context,
-    }
-
-
-@functools.lru_cache(maxsize=1)
-def _example_rounds() -> dict[str, dict]:
-    ctx = "Tell me where the cat is."
-    reject = _example_round(
-        ctx,
-        [
-            ("The", {"The": 62, "A": 20, "My": 10, "One": 8}, {"The": 71, "A": 15, "My": 8, "One": 6}),
-            (" cat", {" cat": 48, " dog": 30, " owl": 22}, {" cat": 40, " dog": 38, " owl": 22}),
-            (" sat", {" sat": 55, " ran": 25, " slept": 20}, {" sat": 61, " ran": 19, " slept": 20}),
-            (" down", {" down": 50, " nearby": 20, " still": 25, " quietly": 5},
-             {" down": 10, " nearby": 55, " still": 25, " quietly": 10}),
-        ],
-        {".": 50, " on": 30, ",": 20},
-        [0.41, 0.27, 0.66, 0.58],
-        emit=" nearby",
-    )
-    bonus = _example_round(
-        ctx,
-        [
-            ("The", {"The": 62, "A": 20, "My": 10, "One": 8}, {"The": 71, "A": 15, "My": 8, "One": 6}),
-            (" cat", {" cat": 48, " dog": 30, " owl": 22}, {" cat": 40, " dog": 38, " owl": 22}),
-            (" sat", {" sat": 55, " ran": 25, " slept": 20}, {" sat": 61, " ran": 19, " slept": 20}),
-            (" nearby", {" nearby": 45, " down": 35, " still": 20}, {" nearby": 55, " down": 10, " still": 35}),
-        ],
-        {".": 70, " on": 20, ",": 10},
-        [0.41, 0.27, 0.66, 0.12],
-        emit=".",
-    )
-    return {"builtin:reject": reject, "builtin:bonus": bonus}
-
-
-def example_rounds() -> dict[str, dict]:
-    """The built-in rounds of the walkthrough: the story's rejected "down", and a round where all guesses pass."""
-    return copy.deepcopy(_example_rounds())  # built once; callers get their own copy to read or modify

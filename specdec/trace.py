@@ -73,10 +73,12 @@ def _finite_or_null(value: Any) -> Any:
     return value
 
 
-def dumps_trace(record: RunRecord) -> str:
-    """Compact JSON text of a run's trace; refuses one that `load_trace` would refuse for its size."""
+def dumps_trace(record: RunRecord | dict) -> str:
+    """Compact JSON text of a run's trace (a RunRecord, or its `record_to_dict` form); refuses one that
+    `load_trace` would refuse for its size."""
+    data = record_to_dict(record) if isinstance(record, RunRecord) else record
     try:
-        text = json.dumps(record_to_dict(record), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise TraceError(f"this trace cannot be written as JSON: {exc}") from exc
     size = len(text.encode("utf-8"))

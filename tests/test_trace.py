@@ -13,7 +13,9 @@ from specdec.decoder import DecodeSettings, SpeculativeDecoder
 from specdec.errors import TraceError
 from specdec.events import Round
 from specdec.sampling import SamplingConfig
-from specdec.trace import MAX_TRACE_BYTES, SCHEMA, VERSION, Trace, build_trace, dumps_trace, load_trace, load_trace_file
+from specdec.metrics import StepCosts
+from specdec.record import PairInfo, RunRecord
+from specdec.trace import MAX_TRACE_BYTES, SCHEMA, VERSION, dumps_trace, load_trace, load_trace_file, record_to_dict
 
 PROMPT = "hello world"
 SETTINGS = DecodeSettings(gamma=4, max_new_tokens=40, sampling=SamplingConfig(0.8, 0, 0.95), seed=3)
@@ -28,7 +30,7 @@ def run(tiny_pair):
 
 @pytest.fixture(scope="module")
 def trace_dict(run) -> dict:
-    return build_trace(run, {"baseline_tok_s": 12.5, "speedup": float("nan")})
+    return record_to_dict(run.record(StepCosts(80.0, 20.0)))
 
 
 @pytest.fixture
@@ -47,14 +49,14 @@ def _bonus_and_rejection(rounds) -> tuple[int, int]:
 def test_round_trip_restores_every_round(run, trace_dict):
     text = dumps_trace(trace_dict)
     tr = load_trace(text)
-    assert isinstance(tr, Trace)
+    assert isinstance(tr, RunRecord)
     assert tr.rounds == run.rounds
     assert all(isinstance(r, Round) for r in tr.rounds)
     assert tr.text == run.text and tr.prompt == PROMPT and tr.prompt_ids == run.prompt_ids
     assert tr.generated_ids == run.generated_ids
-    assert tr.models == run.pair.describe()
-    assert tr.decode_settings() == SETTINGS
-    assert tr.version == VERSION and json.loads(text)["schema"] == SCHEMA
+    assert tr.pair == PairInfo.of(run.pair)
+    assert tr.settings == SETTINGS and tr.costs == StepCosts(80.0, 20.0)
+    assert json.loads(text)["version"] == VERSION and json.loads(text)["schema"] == SCHEMA
     assert dumps_trace(tr) == text  # a loaded trace exports to the same bytes
     assert load_trace(text.encode("utf-8")).rounds == run.rounds
 
@@ -65,17 +67,27 @@ def test_the_run_exercises_both_round_kinds(run):
     assert run.stop_reason is not None
 
 
-def test_metrics_summarize_the_run_and_null_non_finite_values(run, trace_dict):
+def test_metrics_summarize_the_run(run, trace_dict):
     m = load_trace(dumps_trace(trace_dict)).metrics
-    assert m["rounds"] == len(run.rounds) and m["generated"] == len(run.generated_ids)
-    assert m["baseline_tok_s"] == 12.5
-    assert m["speedup"] is None  # NaN is not JSON
-    assert m["stop_reason"] == run.stop_reason
+    assert m.rounds == len(run.rounds) and m.generated == len(run.generated_ids)
+    assert m.baseline_tok_s == 12.5  # 1000 / 80 ms per plain target token
+    assert trace_dict["metrics"]["stop_reason"] == run.stop_reason
+    assert trace_dict["metrics"]["alpha"] == m.alpha  # the file's summary is what import recomputes
+
+
+def test_non_finite_metric_values_are_written_as_null(run, monkeypatch):
+    from specdec import trace as trace_mod
+
+    rec = run.record()
+    m = rec.metrics
+    m.tok_s = float("nan")
+    monkeypatch.setattr(RunRecord, "metrics", property(lambda self: m))
+    assert trace_mod.record_to_dict(rec)["metrics"]["tok_s"] is None
 
 
 def test_replaying_the_settings_reproduces_the_run(tiny_pair, trace_dict):
     tr = load_trace(dumps_trace(trace_dict))
-    again = SpeculativeDecoder(tiny_pair, tr.prompt, tr.decode_settings())
+    again = SpeculativeDecoder(tiny_pair, tr.prompt, tr.settings)
     assert [r.committed_ids for r in again] == [r.committed_ids for r in tr.rounds]
 
 
@@ -83,13 +95,9 @@ def test_chat_prompt_is_recorded_as_messages(tiny_pair):
     messages = [{"role": "user", "content": "hi there"}]
     dec = SpeculativeDecoder(tiny_pair, messages, DecodeSettings(gamma=3, max_new_tokens=6, chat=True))
     dec.step()
-    tr = load_trace(dumps_trace(build_trace(dec, prompt=messages)))
-    assert tr.prompt == messages and tr.decode_settings().chat is True
+    tr = load_trace(dumps_trace(dec.record()))
+    assert tr.prompt == messages and tr.settings.chat is True
     assert len(tr.rounds) == 1
-
-
-def test_without_a_prompt_the_decoded_prompt_ids_are_stored(run):
-    assert build_trace(run)["prompt"] == PROMPT  # the tiny tokenizer is character-level, so this is lossless
 
 
 def test_trace_file_round_trip(tmp_path, trace_dict, run):
@@ -124,7 +132,7 @@ def test_optional_metrics_and_newer_round_fields(doc):
         r["future_field"] = 1  # additive fields from a later minor change are ignored
     doc["unknown_top_level"] = {"ok": True}
     tr = load_trace(json.dumps(doc))
-    assert tr.metrics == {} and tr.rounds[0].round_ms == 0.0
+    assert tr.metrics.rounds == len(doc["rounds"]) and tr.rounds[0].round_ms == 0.0  # recomputed from the rounds
 
 
 # ---------------------------------------------------------------------------------------- malformed input
@@ -143,7 +151,7 @@ def test_optional_metrics_and_newer_round_fields(doc):
         (12, "JSON text or bytes"),
         ('{"version": 1}', "no 'schema' field"),
         ('{"schema": "other.trace", "version": 1}', "not a specdec trace"),
-        ('{"schema": "specdec.trace", "version": 2}', "newer specdec"),
+        ('{"schema": "specdec.trace", "version": 3}', "newer specdec"),
         ('{"schema": "specdec.trace", "version": 0}', "unknown trace version"),
         ('{"schema": "specdec.trace", "version": "1"}', "whole number"),
         ('{"schema": "specdec.trace", "version": true}', "whole number"),
@@ -260,7 +268,7 @@ def _round_cases(doc) -> dict:
     g = rounds[r]["gamma"]
     return {
         "n_accepted > gamma": (_set(f"rounds.{r}.n_accepted", g + 1), "more than the .* tokens drafted"),
-        "gamma too large": (_set(f"rounds.{r}.gamma", 99), "gamma must be a whole number from 1 to 16"),
+        "gamma too large": (_set(f"rounds.{r}.gamma", 99), "gamma must be a whole number from 0 to 16"),
         "q_draft short": (lambda d: d["rounds"][r]["q_draft"].pop(), "q_draft must be a list of .* probabilities"),
         "draft_ids long": (lambda d: d["rounds"][r]["draft_ids"].append(5), "draft_ids must be a list of"),
         "draft_pieces long": (lambda d: d["rounds"][r]["draft_pieces"].append("x"), "draft_pieces must be a list"),
@@ -350,7 +358,7 @@ def _expect_trace_or_trace_error(raw):
     except TraceError as exc:
         assert str(exc)  # a message for people, never empty
         return None
-    assert isinstance(tr, Trace) and all(isinstance(r, Round) for r in tr.rounds)
+    assert isinstance(tr, RunRecord) and all(isinstance(r, Round) for r in tr.rounds)
     return tr
 
 
@@ -400,3 +408,39 @@ def test_fuzz_truncated_and_flipped_bytes(trace_dict, data):
     for i, b in flips:
         raw[i] = b
     _expect_trace_or_trace_error(bytes(raw[:cut] if data.draw(st.booleans()) else raw))
+
+
+# ------------------------------------------------------------------------------ audit defects (issue 10)
+
+
+def test_overflowing_numbers_in_unchecked_fields_are_refused_at_import(trace_dict):
+    # Audit defect d (failed on c6d06f0): a literal 1e400 parsed to inf in 'metrics' or an extra settings/models
+    # key, and the replay then could not be exported ("Out of range float values").
+    for where in ("metrics", "settings", "models"):
+        text = dumps_trace(trace_dict).replace(f'"{where}":{{', f'"{where}":{{"extra":1e400,', 1)
+        with pytest.raises(TraceError, match="overflows"):
+            load_trace(text)
+
+
+def test_version_1_traces_still_load(doc):
+    doc["version"] = 1
+    for r in doc["rounds"]:
+        del r["top_k"], r["note"]
+        r["totals"].pop("tested")
+    assert load_trace(json.dumps(doc)).rounds[0].top_k == 8
+
+
+def test_a_round_that_drafted_nothing_round_trips(tiny_pair):
+    from specdec.drafters import no_draft
+
+    class Silent:  # a drafter with nothing to propose: every round is a plain target step
+        def propose(self, committed, gamma, cfg, gen):
+            return no_draft(tiny_pair.vocab_size, tiny_pair.device)
+
+        def feedback(self, committed, n_accepted, n_drafted):
+            pass
+
+    dec = SpeculativeDecoder(tiny_pair, PROMPT, DecodeSettings(max_new_tokens=5), drafter=Silent())
+    list(dec)
+    assert [r.gamma for r in dec.rounds] == [0] * 5 and all(r.is_bonus for r in dec.rounds)
+    assert load_trace(dumps_trace(dec.record())).rounds == dec.rounds
