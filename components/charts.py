@@ -1,8 +1,9 @@
-"""Plotly figures built from Round events: p vs q at one position, and running speedup over a run.
+"""Plotly figures: p vs q at one position of a Round, the running speedup over a run, and the expected speedup
+against α (the Learn tab) -- the one home of both speedup charts.
 
 A Round carries the top candidates of p and q per position (plus the exact p and q of the drafted and emitted
 tokens), not whole distributions. A value outside a top list is therefore unknown unless the list is complete
-(shorter than TOP_DISPLAY because the rest of the vocabulary has probability 0); unknown values are left out
+(shorter than the round's `top_k` because the rest of the vocabulary has probability 0); unknown values are left out
 (None), never drawn as 0, and the "other" bar holds the mass not shown.
 """
 
@@ -10,29 +11,22 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import Sequence
 
-import plotly.graph_objects as go
+import numpy as np
+from plotly.colors import sample_colorscale
 
-from specdec.decoder import TOP_DISPLAY
+from specdec import events
 from specdec.events import Round
-from specdec.metrics import alpha_estimate, predicted_speedup, running_speedup
+from specdec.lab import RunPoint, speedup_curve
+from specdec.metrics import StepCosts, alpha_estimate, loop_cost_ratio, predict_speedup, running_speedup
 
-from .tokens import fmt_prob, visible_piece
+from .style import COLORS, axis, empty_figure, figure
+from .tokens import fmt_prob, piece_html, visible_piece
 
-# Mid-tone colours read on both the light and the dark theme; they match the token chips (style.css).
-COLORS = {
-    "q": "#3b82f6",  # draft
-    "p": "#8b5cf6",  # target
-    "kept": "#16a34a",  # accepted
-    "residual": "#f59e0b",  # repaired
-    "bonus": "#d946ef",
-    "measured": "#0ea5e9",
-    "predicted": "#f97316",
-    "grid": "rgba(128,128,128,0.22)",
-    "text": "#8a8f99",
-}
 OTHER = "other"
 MAX_BARS = 12  # candidates charted per position; the rest of the mass goes to "other" (keeps labels legible)
+__all__ = ["empty_figure", "pq_candidates", "pq_figure", "speedup_curves_figure", "speedup_figure", "speedup_series"]
 
 
 @dataclass
@@ -53,16 +47,12 @@ class Candidate:
 
 
 def position_roles(rnd: Round, position: int) -> dict:
-    """What happened at one position of a round: the draft token there and its fate, the emitted token."""
+    """What happened at one position of a round: the draft token there and its fate (Round.fates), the emitted
+    token."""
     out = {"draft_id": None, "fate": None, "emitted_id": None}
     if position < rnd.gamma:
         out["draft_id"] = rnd.draft_ids[position]
-        if position < rnd.n_accepted:
-            out["fate"] = "accepted"
-        elif position == rnd.rejected_at:
-            out["fate"] = "rejected"
-        else:
-            out["fate"] = "discarded"
+        out["fate"] = rnd.fates[position]
     if position == rnd.n_accepted:
         out["emitted_id"] = rnd.emitted_id
     return out
@@ -75,8 +65,9 @@ def pq_candidates(rnd: Round, position: int, max_bars: int = MAX_BARS) -> list[C
     p_row = rnd.p_top[position]
     q_row = rnd.q_top[position] if position < rnd.gamma else []
     q_known_zero = position == rnd.gamma  # no draft at the bonus position: q is 0 everywhere
-    p_complete = len(p_row) < TOP_DISPLAY
-    q_complete = q_known_zero or len(q_row) < TOP_DISPLAY
+    p_complete = len(p_row) < rnd.top_k
+    # A one-hot q (deterministic proposal) is 1 on the guess and exactly 0 everywhere else.
+    q_complete = q_known_zero or rnd.one_hot or len(q_row) < rnd.top_k
 
     pieces: dict[int, str] = {}
     p: dict[int, float] = {}
@@ -140,60 +131,46 @@ def _dedupe_labels(cands: list[Candidate]) -> None:
             c.label = f"{c.label} #{c.id}"
 
 
-def _axis(**extra) -> dict:
-    return {"gridcolor": COLORS["grid"], "zerolinecolor": COLORS["grid"], **extra}
-
-
-def _figure(traces: list[dict], title: str, height: int, **layout) -> go.Figure:
-    """One validated Figure from plain dicts: ~10x faster than add_trace/update_layout calls, which matters per round."""
-    base = {
-        "title": {"text": title, "font": {"size": 13}, "x": 0, "xanchor": "left"},
-        "height": height,
-        "margin": {"l": 52, "r": 12, "t": 56, "b": 96},
-        "paper_bgcolor": "rgba(0,0,0,0)",
-        "plot_bgcolor": "rgba(0,0,0,0)",
-        "font": {"color": COLORS["text"], "size": 12},
-        # Below the plot: above it, the legend collides with two-line titles on narrow screens.
-        "legend": {"orientation": "h", "y": -0.2, "yanchor": "top", "x": 0, "font": {"size": 11}},
-        "hoverlabel": {"font": {"size": 12}},
-    }
-    base.update(layout)
-    return go.Figure({"data": traces, "layout": base})
-
-
-def _esc_piece(piece: str) -> str:
-    return html.escape(visible_piece(piece))
-
-
 def pq_title(rnd: Round, position: int) -> str:
     roles = position_roles(rnd, position)
     where = f"Round {rnd.index + 1}, position {position}"
-    if roles["draft_id"] is not None:
-        i = position
-        a, u = rnd.accept_probs[i], rnd.uniforms[i]
-        tok = _esc_piece(rnd.draft_pieces[i])
-        if roles["fate"] == "accepted":
+    fate = roles["fate"]
+    if fate is not None:
+        a, u = rnd.accept_probs[position], rnd.uniforms[position]
+        tok = piece_html(rnd.draft_pieces[position])
+        if fate == events.ACCEPTED:
             what = f"draft “{tok}” accepted: u {fmt_prob(u)} < min(1, p/q) {fmt_prob(a)}"
-        elif roles["fate"] == "rejected":
+        elif fate == events.REJECTED:
             what = (f"draft “{tok}” rejected: u {fmt_prob(u)} ≥ min(1, p/q) {fmt_prob(a)}; "
-                    f"repaired with “{_esc_piece(rnd.emitted_piece)}”")
-        else:
+                    f"repaired with “{piece_html(rnd.emitted_piece)}”")
+        elif fate == events.DISCARDED:
             what = f"draft “{tok}” discarded (after the rejection; p is conditioned on discarded guesses)"
+        else:
+            what = f"draft “{tok}” not committed: the text ended before this position"
+        if rnd.one_hot:
+            what += (f"<br>q is one-hot: the {html.escape(rnd.drafter)} drafter proposed “{tok}” deterministically "
+                     "(q = 1 on it, 0 elsewhere), so it is kept with probability p")
+    elif rnd.gamma == 0:
+        what = (f"nothing drafted ({html.escape(rnd.drafter)} drafter): a plain target step, "
+                f"“{piece_html(rnd.emitted_piece)}” sampled from p")
     elif roles["emitted_id"] is not None:
-        what = f"bonus “{_esc_piece(rnd.emitted_piece)}” sampled from p (no draft here, q = 0)"
+        what = f"bonus “{piece_html(rnd.emitted_piece)}” sampled from p (no draft here, q = 0)"
     else:
         what = "after the rejection: never used"
     return f"{where}<br><span style='font-size:11px'>{what}</span>"
 
 
-def pq_figure(rnd: Round, position: int, height: int = 380) -> go.Figure:
+def pq_figure(rnd: Round, position: int, height: int = 380):
     """Grouped bars of q and p over the top tokens at one position, min(p, q) marked, residual at a rejection."""
     cands = pq_candidates(rnd, position)
     # Plotly reads tick labels, titles and hover text as a small HTML subset: token text must be escaped.
     x = [html.escape(c.label) for c in cands]
+    q_hover = "q(%{x}) = %{y:.4f}<extra></extra>"
+    if rnd.one_hot and position < rnd.gamma:
+        q_hover = "q(%{x}) = %{y:.0f}: a deterministic proposal has q = 1 on the guess, 0 elsewhere<extra></extra>"
     traces = [
-        {"type": "bar", "name": "q (draft)", "x": x, "y": [c.q for c in cands], "marker": {"color": COLORS["q"]},
-         "hovertemplate": "q(%{x}) = %{y:.4f}<extra></extra>"},
+        {"type": "bar", "name": "q (draft)" + (", one-hot" if rnd.one_hot else ""), "x": x, "y": [c.q for c in cands],
+         "marker": {"color": COLORS["q"]}, "hovertemplate": q_hover},
         {"type": "bar", "name": "p (target)", "x": x, "y": [c.p for c in cands], "marker": {"color": COLORS["p"]},
          "hovertemplate": "p(%{x}) = %{y:.4f}<extra></extra>"},
     ]
@@ -210,43 +187,55 @@ def pq_figure(rnd: Round, position: int, height: int = 380) -> go.Figure:
         if c.role:
             color = {"draft": COLORS["q"], "repair": COLORS["residual"], "bonus": COLORS["bonus"]}[c.role]
             top = max(v for v in (c.p, c.q, c.residual, 0.0) if v is not None)
-            notes.append({"x": html.escape(c.label), "y": top, "text": c.role, "showarrow": True, "arrowhead": 2, "arrowsize": 0.8,
-                          "ax": 0, "ay": -22, "font": {"color": color, "size": 11}, "arrowcolor": color})
-    return _figure(
+            text = "plain step" if c.role == "bonus" and rnd.gamma == 0 else c.role
+            notes.append({"x": html.escape(c.label), "y": top, "text": text, "showarrow": True, "arrowhead": 2,
+                          "arrowsize": 0.8, "ax": 0, "ay": -22, "font": {"color": color, "size": 11},
+                          "arrowcolor": color})
+    return figure(
         traces, pq_title(rnd, position), height,
         barmode="group", bargap=0.25, bargroupgap=0.05, annotations=notes,
-        xaxis=_axis(type="category", tickangle=0 if len(cands) <= 7 else -45, automargin=True),
-        yaxis=_axis(title={"text": "probability"}, rangemode="tozero"),
+        xaxis=axis(type="category", tickangle=0 if len(cands) <= 7 else -45, automargin=True),
+        yaxis=axis(title={"text": "probability"}, rangemode="tozero"),
     )
 
 
+# ------------------------------------------------------------------------------------------ running speedup
+
+
 def running_alpha(rounds: list[Round]) -> list[float]:
-    """Per-token acceptance probability (metrics.alpha_estimate) after each round."""
-    out, acc, rejections = [], 0, 0
+    """Per-token acceptance probability (metrics.alpha_estimate over Round.kept / Round.tested) after each round."""
+    out, kept, tested = [], 0, 0
     for r in rounds:
-        acc += r.n_accepted
-        rejections += r.rejected_at is not None
-        out.append(alpha_estimate(acc, rejections))
+        kept += r.kept
+        tested += r.tested
+        out.append(alpha_estimate(kept, tested))
     return out
 
 
-def speedup_series(rounds: list[Round], target_ms: float | None, draft_ms: float | None) -> dict:
-    """Per-round series for the speedup chart; measured/predicted are None until step costs are known."""
-    xs = [r.index + 1 for r in rounds]
-    tokens = [len(r.committed_ids) for r in rounds]
-    measured = running_speedup(rounds, target_ms) if target_ms else None
-    predicted = None
-    if target_ms and draft_ms:
-        c = draft_ms / target_ms
-        mean_gamma = [sum(r.gamma for r in rounds[: k + 1]) / (k + 1) for k in range(len(rounds))]
-        predicted = [predicted_speedup(a, round(g), c) for a, g in zip(running_alpha(rounds), mean_gamma)]
-    return {"round": xs, "tokens_per_pass": tokens, "measured": measured, "predicted": predicted}
+def running_predicted(rounds: list[Round], costs: StepCosts | None) -> list[float | None]:
+    """The predicted speedup after each round, by the one convention (metrics.predict_speedup): per-token alpha,
+    the mean draft length so far, c_loop from the rounds' timings (c_plain from `costs` as the fallback)."""
+    c_plain = costs.c_plain if costs and costs.target_ms and costs.draft_ms else None
+    out, drafted, draft_ms, verify_ms = [], 0, 0.0, 0.0
+    for n, (r, alpha) in enumerate(zip(rounds, running_alpha(rounds)), 1):
+        drafted += r.gamma
+        draft_ms += r.draft_ms
+        verify_ms += r.verify_ms
+        out.append(predict_speedup(alpha, drafted / n, loop_cost_ratio(draft_ms, drafted, verify_ms, n), c_plain))
+    return out
 
 
-def speedup_figure(rounds: list[Round], target_ms: float | None, draft_ms: float | None,
-                   height: int = 380) -> go.Figure:
+def speedup_series(rounds: list[Round], costs: StepCosts | None) -> dict:
+    """Per-round series for the speedup chart; measured is None until the plain step costs are known."""
+    measured = running_speedup(rounds, costs.target_ms) if costs and costs.target_ms else None
+    predicted = running_predicted(rounds, costs)
+    return {"round": [r.index + 1 for r in rounds], "tokens_per_pass": [len(r.committed_ids) for r in rounds],
+            "measured": measured, "predicted": predicted if any(v is not None for v in predicted) else None}
+
+
+def speedup_figure(rounds: list[Round], costs: StepCosts | None, height: int = 380):
     """Tokens per target pass per round, with cumulative measured and predicted (Leviathan) speedup."""
-    s = speedup_series(rounds, target_ms, draft_ms)
+    s = speedup_series(rounds, costs)
     traces = [{"type": "bar", "name": "tokens per target pass", "x": s["round"], "y": s["tokens_per_pass"],
                "marker": {"color": COLORS["p"]}, "opacity": 0.45,
                "hovertemplate": "round %{x}: %{y} tokens for 1 target pass<extra></extra>"}]
@@ -256,7 +245,7 @@ def speedup_figure(rounds: list[Round], target_ms: float | None, draft_ms: float
                        "line": {"color": COLORS["measured"], "width": 2.5},
                        "hovertemplate": "after round %{x}: %{y:.2f}× plain decoding<extra></extra>"})
     if s["predicted"] is not None:
-        traces.append({"type": "scatter", "name": "predicted (Leviathan, measured α and c)", "x": s["round"],
+        traces.append({"type": "scatter", "name": "predicted (Leviathan, measured α and c_loop)", "x": s["round"],
                        "y": s["predicted"], "mode": "lines", "line": {"color": COLORS["predicted"], "width": 2,
                                                                        "dash": "dash"},
                        "hovertemplate": "after round %{x}: predicted %{y:.2f}×<extra></extra>"})
@@ -266,14 +255,55 @@ def speedup_figure(rounds: list[Round], target_ms: float | None, draft_ms: float
     title = "Speedup vs plain decoding on this machine"
     if s["measured"] is None:
         title += "<br><span style='font-size:11px'>measuring the models' step costs…</span>"
-    return _figure(
+    return figure(
         traces, title, height,
-        xaxis=_axis(title={"text": "round"}, dtick=max(1, len(rounds) // 10), range=[0.5, n + 0.5]),
-        yaxis=_axis(title={"text": "tokens per pass  /  speedup ×"}, rangemode="tozero"),
+        xaxis=axis(title={"text": "round"}, dtick=max(1, len(rounds) // 10), range=[0.5, n + 0.5]),
+        yaxis=axis(title={"text": "tokens per pass  /  speedup ×"}, rangemode="tozero"),
     )
 
 
-def empty_figure(message: str, height: int = 340) -> go.Figure:
-    note = {"text": message, "showarrow": False, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper",
-            "font": {"size": 13, "color": COLORS["text"]}}
-    return _figure([], "", height, annotations=[note], xaxis={"visible": False}, yaxis={"visible": False})
+# ------------------------------------------------------------------------------------------ speedup theory
+
+
+def speedup_curves_figure(c: float, points: Sequence[RunPoint] = (), gammas: Sequence[int] = range(1, 13)):
+    """Leviathan et al.'s expected speedup against α for each γ at cost ratio c, slower-than-plain region shaded,
+    with recorded runs placed on it (the Learn tab's "When is it faster?")."""
+    alphas = np.linspace(0.0, 0.99, 199)
+    curves = {g: speedup_curve(g, c, alphas) for g in gammas}
+    top = max(1.6, max(max(v) for v in curves.values()) * 1.05, *[(p.measured_speedup or 0) * 1.1 for p in points])
+    traces = []
+    n = len(curves)
+    for j, (g, ys) in enumerate(curves.items()):
+        color = sample_colorscale("Viridis", [0.85 * j / max(1, n - 1)])[0]  # stop before Viridis' pale yellow
+        traces.append({"type": "scatter", "x": alphas, "y": ys, "mode": "lines", "name": f"γ={g}",
+                       "line": {"color": color, "width": 1.6},
+                       "hovertemplate": f"γ={g}<br>α=%{{x:.2f}}<br>speedup %{{y:.2f}}×<extra></extra>"})
+    shapes = [{"type": "rect", "x0": 0, "x1": 1, "y0": 0, "y1": 1, "fillcolor": "rgba(220,38,38,0.10)",
+               "line": {"width": 0}, "layer": "below"},
+              {"type": "line", "x0": 0, "x1": 1, "y0": 1, "y1": 1, "line": {"color": "rgba(220,38,38,0.7)",
+                                                                         "width": 1, "dash": "dash"}}]
+    for pt in points:
+        pred = speedup_curve(pt.mean_gamma, c, [pt.alpha])[0]  # the run's mean draft length (metrics convention)
+        label = html.escape(pt.label)
+        shapes.append({"type": "line", "x0": pt.alpha, "x1": pt.alpha, "y0": 0, "y1": 1, "yref": "paper",
+                       "line": {"color": COLORS["engine"], "width": 1, "dash": "dot"}})
+        traces.append({"type": "scatter", "x": [pt.alpha], "y": [pred], "mode": "markers",
+                       "name": f"{label}: α={pt.alpha:.2f}, γ≈{pt.mean_gamma:.1f} (model)",
+                       "marker": {"size": 12, "color": "rgba(0,0,0,0)",
+                                  "line": {"color": COLORS["engine"], "width": 2.5}},
+                       "hovertemplate": f"{label}<br>α=%{{x:.3f}}<br>predicted %{{y:.2f}}× at c={c:.2f}<extra></extra>"})
+        if pt.measured_speedup is not None:
+            traces.append({"type": "scatter", "x": [pt.alpha], "y": [pt.measured_speedup], "mode": "markers",
+                           "name": f"{label}: measured {pt.measured_speedup:.2f}×",
+                           "marker": {"size": 13, "color": COLORS["engine"], "symbol": "diamond",
+                                      "line": {"color": "white", "width": 1}},
+                           "hovertemplate": f"{label}<br>α=%{{x:.3f}}<br>measured %{{y:.2f}}×<extra></extra>"})
+    note = {"x": 0.98, "y": 0.08, "xanchor": "right", "yanchor": "bottom", "showarrow": False,
+            "text": "below 1×: slower than plain decoding", "font": {"color": COLORS["wrong"], "size": 13}}
+    return figure(
+        traces, "", 440, shapes=shapes, annotations=[note],
+        legend={"orientation": "v", "y": 1, "x": 1.01, "yanchor": "top", "xanchor": "left", "font": {"size": 11}},
+        margin={"l": 52, "r": 10, "t": 30, "b": 50},
+        xaxis=axis(range=[0, 1], title={"text": "α: chance a draft guess is accepted"}),
+        yaxis=axis(range=[0, top], title={"text": "expected speedup over plain decoding (×)"}),
+    )

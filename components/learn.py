@@ -1,6 +1,8 @@
-"""Rendering for the Learn tab: HTML strings and Plotly figures, computed from plain data and nothing else.
+"""Rendering for the Learn tab: HTML strings and Plotly figures, computed from Rounds and the lab's results.
 
-No event handling and no model access here; ui/learn_tab.py wires these to gradio. Every piece of text that
+No event handling and no model access here; ui/learn_tab.py wires these to gradio. Tokens are drawn as the
+playground draws them (components.tokens.piece_html), figures take the app's palette and layout
+(components.style), and the speedup-vs-α chart is components.charts.speedup_curves_figure. Every piece of text that
 comes from a user or a tokenizer is escaped before it goes into HTML or a Plotly label (Plotly reads a
 subset of HTML in labels too).
 """
@@ -13,41 +15,26 @@ from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.colors import sample_colorscale
 
-from specdec.lab import REPAIRS, HundredPoints, LabResult, RealCheck, RunPoint, format_p_value, speedup_curve
+from specdec import events
+from specdec.events import Round, TokenProb
+from specdec.lab import HundredPoints, LabResult, RealCheck, RunPoint, format_p_value, speedup_curve
 
-# Colours chosen to read on both the light and the dark gradio theme.
-TOKEN_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2"]
-C_TARGET = "#4c78a8"
-C_DRAFT = "#9d9da6"
-C_OUTPUT = "#2ca02c"
-C_WRONG = "#d62728"
-C_ENGINE = "#ff7f0e"
-AXIS_GREY = "rgba(128,128,128,0.25)"
-FONT = dict(color="#808693", size=13)
+from .style import COLORS, TOKEN_COLORS, layout
+from .tokens import piece_html
 
-
-def show_piece(piece: str) -> str:
-    """A token as visible, HTML-safe text: spaces and control characters get symbols so nothing is blank."""
-    if piece == "":
-        return "∅"
-    s = piece.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
-    return html.escape(s)
+# What the exactness lab's repair choices are called on screen (specdec.lab.REPAIRS holds the functions).
+REPAIR_LABELS = {
+    "correct": "Correct: draw from max(0, p − q)",
+    "fresh-p": "Wrong: fresh draw from p",
+    "from-q": "Wrong: draw from q again",
+}
 
 
-def _fig_layout(fig: go.Figure, height: int, **extra) -> go.Figure:
-    fig.update_layout(
-        height=height,
-        margin=dict(l=50, r=20, t=30, b=50),
-        paper_bgcolor="rgba(0,0,0,0)",
-        plot_bgcolor="rgba(0,0,0,0)",
-        font=FONT,
-        legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, bgcolor="rgba(0,0,0,0)"),
-        **extra,
-    )
-    fig.update_xaxes(gridcolor=AXIS_GREY, zerolinecolor=AXIS_GREY, linecolor=AXIS_GREY)
-    fig.update_yaxes(gridcolor=AXIS_GREY, zerolinecolor=AXIS_GREY, linecolor=AXIS_GREY)
+def _style(fig: go.Figure, height: int, **extra) -> go.Figure:
+    """The app's one figure layout (components.style) on a figure built trace by trace."""
+    extra.setdefault("margin", {"l": 52, "r": 12, "t": 30, "b": 60})
+    fig.update_layout(**layout("", height, **extra))
     return fig
 
 
@@ -72,23 +59,25 @@ N_STEPS = len(STEPS)
 Cell = tuple[str, str, str]  # (state class, main text (already escaped), small text (already escaped))
 
 
-def _top_text(rows: list[dict] | None, k: int = 1) -> str:
+def _top_text(rows: list[TokenProb] | None, k: int = 1) -> str:
     if not rows:
         return ""
-    return ", ".join(f"{show_piece(t['piece'])} {t['prob']:.2f}" for t in rows[:k])
+    return ", ".join(f"{piece_html(t.piece)} {t.prob:.2f}" for t in rows[:k])
 
 
-def walkthrough_cells(rnd: dict, step: int) -> dict[str, list[Cell | None]]:
+def _emitted_committed(rnd: Round) -> bool:
+    return rnd.n_accepted < len(rnd.committed_ids)  # EOS or the token budget can end the text before it
+
+
+def walkthrough_cells(rnd: Round, step: int) -> dict[str, list[Cell | None]]:
     """The strip after `step` (0-based): three rows of gamma+1 cells, None where a cell is still empty.
 
     Rows: what the draft guessed, what the one target pass computed, and what the round has emitted so far.
     Each step only adds to or restyles the previous one, so diffing consecutive steps shows what changed.
     """
-    g = int(rnd["gamma"])
-    n = int(rnd["n_accepted"])
-    rej = rnd.get("rejected_at")
-    pieces = [show_piece(p) for p in rnd["draft_pieces"]]
-    q, p, a, u = rnd["q_draft"], rnd["p_draft"], rnd["accept_probs"], rnd["uniforms"]
+    g, rej, fates = rnd.gamma, rnd.rejected_at, rnd.fates
+    pieces = [piece_html(p) for p in rnd.draft_pieces]
+    q, p, a, u = rnd.q_draft, rnd.p_draft, rnd.accept_probs, rnd.uniforms
     guess: list[Cell | None] = [None] * (g + 1)
     check: list[Cell | None] = [None] * (g + 1)
     out: list[Cell | None] = [None] * (g + 1)
@@ -98,38 +87,52 @@ def walkthrough_cells(rnd: dict, step: int) -> dict[str, list[Cell | None]]:
             guess[:g] = [("draft", pieces[i], f"q = {q[i]:.2f}") for i in range(g)]
         elif kind == "check":
             check[:g] = [("check", f"p = {p[i]:.2f}", f"keep chance {a[i]:.2f}") for i in range(g)]
-            p_top = rnd.get("p_top") or []
-            nxt = _top_text(p_top[g]) if len(p_top) > g else ""
+            nxt = _top_text(rnd.p_top[g]) if len(rnd.p_top) > g else ""
             check[g] = ("check-extra", "next slot", f"p ready: {nxt}" if nxt else "p ready")
         elif kind == "keep":
-            for i in range(n):
+            for i in range(rnd.n_accepted):
                 guess[i] = ("kept", pieces[i], f"u {u[i]:.2f} &lt; {a[i]:.2f}")
-                out[i] = ("out-kept", pieces[i], "kept")
+                out[i] = ("out-kept", pieces[i], "kept") if fates[i] == events.ACCEPTED else None
         elif kind == "stop" and rej is not None:
             guess[rej] = ("rejected", pieces[rej], f"u {u[rej]:.2f} ≥ {a[rej]:.2f}")
             for i in range(rej + 1, g):
                 guess[i] = ("discarded", pieces[i], "thrown away")
-        elif kind == "repair" and rej is not None:
-            out[rej] = ("out-repair", show_piece(rnd["emitted_piece"]), "repair")
-        elif kind == "bonus" and rej is None:
-            out[g] = ("out-bonus", show_piece(rnd["emitted_piece"]), "bonus")
+        elif kind == "repair" and rej is not None and _emitted_committed(rnd):
+            out[rej] = ("out-repair", piece_html(rnd.emitted_piece), "repair")
+        elif kind == "bonus" and rej is None and _emitted_committed(rnd):
+            out[g] = ("out-bonus", piece_html(rnd.emitted_piece), "plain step" if g == 0 else "bonus")
     return {"guess": guess, "check": check, "out": out}
 
 
-def _changed(rnd: dict, step: int) -> dict[str, list[bool]]:
+def _changed(rnd: Round, step: int) -> dict[str, list[bool]]:
     now = walkthrough_cells(rnd, step)
     before = walkthrough_cells(rnd, step - 1) if step > 0 else {k: [None] * len(v) for k, v in now.items()}
     return {k: [a != b for a, b in zip(now[k], before[k])] for k in now}
 
 
-def _narrative(rnd: dict, step: int) -> str:
-    g, n, rej = int(rnd["gamma"]), int(rnd["n_accepted"]), rnd.get("rejected_at")
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word if n == 1 else plural or word + 's'}"
+
+
+def _narrative(rnd: Round, step: int) -> str:
+    g, n, rej = rnd.gamma, rnd.n_accepted, rnd.rejected_at
     kind = STEPS[step][1]
-    words = " ".join(show_piece(p) for p in rnd["draft_pieces"])
-    emitted = show_piece(rnd["emitted_piece"])
+    words = " ".join(piece_html(p) for p in rnd.draft_pieces)
+    emitted = piece_html(rnd.emitted_piece)
+    if g == 0 and kind in ("draft", "check", "keep", "stop", "repair"):
+        return {
+            "draft": f"The {html.escape(rnd.drafter)} drafter had nothing to propose this round (no earlier text "
+                     "matched), so there are no guesses.",
+            "check": "The target still runs its one forward pass: it gives p for the next slot.",
+        }.get(kind, "Nothing to check: with no guesses, this round is one plain target step.")
     if kind == "draft":
-        return (f"The small draft model writes {g} guesses, one after another: <b>{words}</b>. "
+        who = "The small draft model" if rnd.drafter == "model" else f"The {html.escape(rnd.drafter)} drafter"
+        text = (f"{who} writes {_plural(g, 'guess', 'guesses')}, one after another: <b>{words}</b>. "
                 "Each guess comes with the chance q the draft gave it. Nothing is final yet.")
+        if rnd.one_hot:
+            text += (" These guesses are copied, not sampled: q is 1 on each guess and 0 elsewhere, so a guess is "
+                     "kept with chance exactly p.")
+        return text
     if kind == "check":
         return (f"The large target model reads all {g} guesses in <b>one</b> forward pass and gets its own chance p "
                 f"for each, plus the chances for the slot after the last guess. A guess is kept with chance "
@@ -138,33 +141,35 @@ def _narrative(rnd: dict, step: int) -> str:
         if n == 0:
             return "The first guess already fails its check, so no guess is kept this round."
         return (f"Reading left to right, each guess draws a random number u and passes if u is below its keep chance. "
-                f"The first {n} guess{'es' if n != 1 else ''} pass{'' if n != 1 else 'es'} and become output.")
+                f"The first {_plural(n, 'guess', 'guesses')} pass{'' if n != 1 else 'es'} and become output.")
     if kind == "stop":
         if rej is None:
             return f"No guess failed: all {g} passed the check, so nothing is thrown away."
         later = g - rej - 1
-        tail = (f" The {later} guess{'es' if later != 1 else ''} after it {'are' if later != 1 else 'is'} thrown away "
+        tail = (f" The {_plural(later, 'guess', 'guesses')} after it {'are' if later != 1 else 'is'} thrown away "
                 "unchecked: they were written after text the target did not accept.") if later else ""
-        bad = show_piece(rnd["draft_pieces"][rej])
-        return (f"Guess {rej + 1} (<b>{bad}</b>) fails: u = {rnd['uniforms'][rej]:.2f} "
-                f"is not below {rnd['accept_probs'][rej]:.2f}. The round stops there.{tail}")
+        bad = piece_html(rnd.draft_pieces[rej])
+        return (f"Guess {rej + 1} (<b>{bad}</b>) fails: u = {rnd.uniforms[rej]:.2f} "
+                f"is not below {rnd.accept_probs[rej]:.2f}. The round stops there.{tail}")
     if kind == "repair":
         if rej is None:
             return "No repair is needed: no guess was rejected."
         return (f"The empty slot is filled from the chances the draft under-supplied, normalize(max(0, p − q)). "
                 f"This round it drew <b>{emitted}</b>. Sampling from p again, or from q, would skew the output.")
     if kind == "bonus":
+        if g == 0:
+            return f"The target's p for the next slot gives this round's one token: <b>{emitted}</b>."
         if rej is None:
             return (f"Every guess passed, so the target's row for the next slot, already computed in the same pass, "
                     f"gives one more token for free: <b>{emitted}</b>.")
         return "No bonus this round: a guess failed, and the repaired token was this round's extra token."
     made = n + 1
-    committed = rnd.get("committed_pieces") or []
+    committed = rnd.committed_pieces
     cut = ""
     if len(committed) < made:
         cut = f" (the run stopped early, so only {len(committed)} of them were committed)"
-    return (f"Round output: <b>{' '.join(show_piece(p) for p in committed) or '∅'}</b>: {made} token"
-            f"{'s' if made != 1 else ''} from one target pass{cut}. Plain decoding needs one target pass per token.")
+    return (f"Round output: <b>{' '.join(piece_html(p) for p in committed) or '∅'}</b>: {_plural(made, 'token')} "
+            f"from one target pass{cut}. Plain decoding needs one target pass per token.")
 
 
 def _cell_html(cell: Cell | None, changed: bool) -> str:
@@ -176,60 +181,63 @@ def _cell_html(cell: Cell | None, changed: bool) -> str:
             f'<span class="learn-sub">{sub}</span></div>')
 
 
-def _details_table(rnd: dict, step: int) -> str:
+VERDICT_WORDS = {events.ACCEPTED: "kept", events.REJECTED: "rejected", events.CUT: "past the end of the text"}
+
+
+def _details_table(rnd: Round, step: int) -> str:
     """Per-guess numbers, with columns revealed as the walkthrough reaches them."""
-    g, rej = int(rnd["gamma"]), rnd.get("rejected_at")
     show_p, show_u = step >= 1, step >= 2
     head = "<tr><th>#</th><th>guess</th><th>q(guess)</th>"
     head += "<th>p(guess)</th><th>keep chance</th>" if show_p else ""
     head += "<th>u</th><th>verdict</th>" if show_u else ""
     rows = []
-    for i in range(g):
-        piece = show_piece(rnd["draft_pieces"][i])
-        r = f"<td>{i + 1}</td><td><code>{piece}</code></td><td>{rnd['q_draft'][i]:.3f}</td>"
+    for i, fate in enumerate(rnd.fates):
+        r = f"<td>{i + 1}</td><td><code>{piece_html(rnd.draft_pieces[i])}</code></td><td>{rnd.q_draft[i]:.3f}</td>"
         if show_p:
-            r += f"<td>{rnd['p_draft'][i]:.3f}</td><td>{rnd['accept_probs'][i]:.3f}</td>"
+            r += f"<td>{rnd.p_draft[i]:.3f}</td><td>{rnd.accept_probs[i]:.3f}</td>"
         if show_u:
-            if rej is not None and i > rej:
+            if fate == events.DISCARDED:
                 r += "<td>—</td><td>not checked</td>"
-            elif i < int(rnd["n_accepted"]):
-                r += f"<td>{rnd['uniforms'][i]:.3f}</td><td>kept</td>"
-            elif step >= 3:
-                r += f"<td>{rnd['uniforms'][i]:.3f}</td><td>rejected</td>"
-            else:
+            elif fate == events.REJECTED and step < 3:
                 r += "<td></td><td></td>"
+            else:
+                r += f"<td>{rnd.uniforms[i]:.3f}</td><td>{VERDICT_WORDS[fate]}</td>"
         rows.append(f"<tr>{r}</tr>")
     return f'<table class="learn-table">{head}</tr>{"".join(rows)}</table>'
 
 
-def _mini_bars(title: str, rows: list[dict] | None, color: str, k: int = 6) -> str:
+def _mini_bars(title: str, rows: list[TokenProb] | None, color: str, k: int = 6) -> str:
     if not rows:
         return ""
     items = "".join(
-        f'<div class="learn-bar-row"><code>{show_piece(t["piece"])}</code>'
-        f'<span class="learn-bar" style="width:{max(1.0, 100 * t["prob"]):.1f}%;background:{color}"></span>'
-        f'<span>{t["prob"]:.3f}</span></div>'
+        f'<div class="learn-bar-row"><code>{piece_html(t.piece)}</code>'
+        f'<span class="learn-bar" style="width:{max(1.0, 100 * t.prob):.1f}%;background:{color}"></span>'
+        f'<span>{t.prob:.3f}</span></div>'
         for t in rows[:k]
     )
     return f'<div class="learn-mini"><div class="learn-mini-title">{html.escape(title)}</div>{items}</div>'
 
 
-def _side_panels(rnd: dict, step: int) -> str:
-    kind, g, rej = STEPS[step][1], int(rnd["gamma"]), rnd.get("rejected_at")
-    p_top, q_top = rnd.get("p_top") or [], rnd.get("q_top") or []
+def _side_panels(rnd: Round, step: int) -> str:
+    kind, g, rej = STEPS[step][1], rnd.gamma, rnd.rejected_at
+    p_top, q_top = rnd.p_top, rnd.q_top
     if kind == "repair" and rej is not None:
-        return (_mini_bars(f"draft q at guess {rej + 1}", q_top[rej] if rej < len(q_top) else None, C_DRAFT)
-                + _mini_bars(f"target p at guess {rej + 1}", p_top[rej] if rej < len(p_top) else None, C_TARGET)
-                + _mini_bars("repair: normalize(max(0, p − q))", rnd.get("residual_top"), "#e8a33d"))
+        return (_mini_bars(f"draft q at guess {rej + 1}", q_top[rej] if rej < len(q_top) else None, COLORS["q"])
+                + _mini_bars(f"target p at guess {rej + 1}", p_top[rej] if rej < len(p_top) else None, COLORS["p"])
+                + _mini_bars("repair: normalize(max(0, p − q))", rnd.residual_top, COLORS["residual"]))
     if kind == "bonus" and rej is None:
-        return _mini_bars(f"target p at slot {g + 1} (bonus)", p_top[g] if g < len(p_top) else None, "#8e6bbf")
+        return _mini_bars(f"target p at slot {g + 1} ({'plain step' if g == 0 else 'bonus'})",
+                          p_top[g] if g < len(p_top) else None, COLORS["bonus"])
     return ""
 
 
-def walkthrough_html(rnd: dict, step: int, title: str = "") -> str:
-    """The whole walkthrough panel for one step: progress, strip with changes outlined, story, numbers."""
+def walkthrough_html(rnd: Round, step: int, context: str | None = None) -> str:
+    """The whole walkthrough panel for one step: progress, strip with changes outlined, story, numbers.
+
+    context: the text the round continues (the built-in examples have one); else the round's place in its run.
+    """
     step = max(0, min(N_STEPS - 1, int(step)))
-    g = int(rnd["gamma"])
+    g = rnd.gamma
     cells, changed = walkthrough_cells(rnd, step), _changed(rnd, step)
     labels = {"guess": "small model guesses", "check": "large model, one pass", "out": "round output"}
     cols = "".join(f'<div class="learn-colhead">slot {i + 1}</div>' for i in range(g + 1))
@@ -242,10 +250,8 @@ def walkthrough_html(rnd: dict, step: int, title: str = "") -> str:
         f'title="{html.escape(name)}">{i + 1}</span>'
         for i, (name, _) in enumerate(STEPS)
     )
-    context = rnd.get("context")
-    ctx = (f'<div class="learn-context">Text so far: <code>{html.escape(str(context))}</code></div>' if context
-           else f'<div class="learn-context">Round {int(rnd.get("index", 0)) + 1}, after {int(rnd.get("position", 0))} '
-                f'generated tokens</div>')
+    ctx = (f'<div class="learn-context">Text so far: <code>{html.escape(context)}</code></div>' if context
+           else f'<div class="learn-context">Round {rnd.index + 1}, after {rnd.position} generated tokens</div>')
     return (
         f'<div class="learn-walk">'
         f'<div class="learn-steps">{dots}<span class="learn-step-name" id="learn-step-name">'
@@ -298,8 +304,8 @@ def hundred_points_figure(hp: HundredPoints) -> go.Figure:
         hovertemplate="gap: %{y:.1f} points<extra>%{x}</extra>",
     )
     fig.update_traces(textfont=dict(color="white", size=12), insidetextanchor="middle", selector=dict(type="bar"))
-    fig.data[-1].textfont = dict(color="#808693", size=12)
-    _fig_layout(fig, 420, barmode="stack", bargap=0.25)
+    fig.data[-1].textfont = dict(color=COLORS["text"], size=12)
+    _style(fig, 420, barmode="stack", bargap=0.25)
     fig.update_yaxes(range=[0, 100.5], title_text="points out of 100", dtick=20)
     return fig
 
@@ -338,13 +344,13 @@ def lab_figure(res: LabResult) -> go.Figure:
     err = 1.96 * np.sqrt(np.maximum(emp * (1 - emp), 1e-12) / res.n)
     ok = res.repair == "correct"
     fig = go.Figure()
-    fig.add_bar(x=toks, y=res.p, name="target p (what exactness promises)", marker_color=C_TARGET)
-    fig.add_bar(x=toks, y=res.q, name="draft q", marker_color=C_DRAFT)
+    fig.add_bar(x=toks, y=res.p, name="target p (what exactness promises)", marker_color=COLORS["p"])
+    fig.add_bar(x=toks, y=res.q, name="draft q", marker_color=COLORS["q"])
     fig.add_bar(
         x=toks, y=emp, name=f"rule output, {res.n:,} rounds" + ("" if ok else " (wrong repair)"),
-        marker_color=C_OUTPUT if ok else C_WRONG, error_y=dict(type="data", array=err, color="#808693"),
+        marker_color=COLORS["kept"] if ok else COLORS["wrong"], error_y=dict(type="data", array=err, color=COLORS["text"]),
     )
-    _fig_layout(fig, 360, barmode="group", bargap=0.2)
+    _style(fig, 360, barmode="group", bargap=0.2)
     fig.update_yaxes(title_text="probability of the first emitted token", rangemode="tozero")
     return fig
 
@@ -366,7 +372,7 @@ def lab_result_html(res: LabResult) -> str:
         f"<div>{html.escape(verdict)}</div>"
         f'<div class="learn-note">chi-square = {res.test.statistic:.2f} on {res.test.dof} degrees of freedom{note}; '
         f"total-variation distance to p = {res.tv:.4f}; {res.n:,} rounds in {res.seconds * 1e3:.0f} ms through "
-        f"verify_batch; repair: {html.escape(REPAIRS[res.repair][0])}</div></div>"
+        f"verify_batch; repair: {html.escape(REPAIR_LABELS.get(res.repair, res.repair))}</div></div>"
     )
 
 
@@ -378,10 +384,18 @@ def _piece_labels(ids: Sequence[int], pieces: Sequence[str]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
     for i, pc in zip(ids, pieces):
-        lab = show_piece(pc)
+        lab = piece_html(pc)
         seen[lab] = seen.get(lab, 0) + 1
         out.append(lab if seen[lab] == 1 else f"{lab} #{i}")
     return out
+
+
+def real_chart_ids(chk: RealCheck, top: int = 12) -> list[int]:
+    """The tokens the real-model chart names: the target's most likely ones at the prefix, and every token the
+    real decoder rounds emitted (their text is what the caller decodes for the labels)."""
+    p0 = chk.rows.p0.double().numpy()
+    order = [int(i) for i in np.argsort(-p0)[:top] if p0[i] > 0]
+    return sorted(set(order) | {int(i) for i in chk.engine_ids})
 
 
 def real_figure(chk: RealCheck, pieces: dict[int, str], top: int = 12) -> go.Figure:
@@ -400,12 +414,12 @@ def real_figure(chk: RealCheck, pieces: dict[int, str], top: int = 12) -> go.Fig
     labels.append("all other tokens")
     col = lambda a: list(a[order]) + [rest(a) if a.sum() else 0.0]  # noqa: E731
     fig = go.Figure()
-    fig.add_bar(x=labels, y=col(p0), name="target p0 (exact)", marker_color=C_TARGET)
-    fig.add_bar(x=labels, y=col(q0), name="draft q0", marker_color=C_DRAFT)
-    fig.add_bar(x=labels, y=col(vec), name=f"verify_batch on p0/q0, {chk.draws.n:,} rounds", marker_color=C_OUTPUT)
+    fig.add_bar(x=labels, y=col(p0), name="target p0 (exact)", marker_color=COLORS["p"])
+    fig.add_bar(x=labels, y=col(q0), name="draft q0", marker_color=COLORS["q"])
+    fig.add_bar(x=labels, y=col(vec), name=f"verify_batch on p0/q0, {chk.draws.n:,} rounds", marker_color=COLORS["kept"])
     if chk.engine_ids:
-        fig.add_bar(x=labels, y=col(eng), name=f"real decoder rounds, {len(chk.engine_ids)}", marker_color=C_ENGINE)
-    _fig_layout(fig, 380, barmode="group", bargap=0.15)
+        fig.add_bar(x=labels, y=col(eng), name=f"real decoder rounds, {len(chk.engine_ids)}", marker_color=COLORS["engine"])
+    _style(fig, 380, barmode="group", bargap=0.15)
     fig.update_yaxes(title_text="probability of the first emitted token", rangemode="tozero")
     fig.update_xaxes(tickangle=-30)
     return fig
@@ -456,45 +470,6 @@ def real_result_html(chk: RealCheck, pair_name: str, k_requested: int) -> str:
 # --------------------------------------------------------------------------------------------- speedup
 
 
-def speedup_figure(c: float, points: Sequence[RunPoint] = (), gammas: Sequence[int] = range(1, 13)) -> go.Figure:
-    """Leviathan et al.'s expected speedup against α for each γ at cost ratio c, slower-than-plain region shaded."""
-    alphas = np.linspace(0.0, 0.99, 199)
-    curves = {g: speedup_curve(g, c, alphas) for g in gammas}
-    top = max(1.6, max(max(v) for v in curves.values()) * 1.05, *[(p.measured_speedup or 0) * 1.1 for p in points])
-    fig = go.Figure()
-    fig.add_shape(type="rect", x0=0, x1=1, y0=0, y1=1, fillcolor="rgba(214,39,40,0.10)", line_width=0, layer="below")
-    fig.add_hline(y=1, line=dict(color="rgba(214,39,40,0.7)", width=1, dash="dash"))
-    fig.add_annotation(x=0.98, y=0.08, xanchor="right", yanchor="bottom", text="below 1×: slower than plain decoding",
-                       showarrow=False, font=dict(color="#d62728", size=13))
-    n = len(curves)
-    for j, (g, ys) in enumerate(curves.items()):
-        color = sample_colorscale("Viridis", [0.85 * j / max(1, n - 1)])[0]  # stop before Viridis' pale yellow
-        fig.add_scatter(x=alphas, y=ys, mode="lines", name=f"γ={g}", line=dict(color=color, width=1.6),
-                        hovertemplate=f"γ={g}<br>α=%{{x:.2f}}<br>speedup %{{y:.2f}}×<extra></extra>")
-    for pt in points:
-        g = max(1, round(pt.mean_gamma))
-        pred = speedup_curve(g, c, [pt.alpha])[0]
-        label = html.escape(pt.label)
-        fig.add_vline(x=pt.alpha, line=dict(color=C_ENGINE, width=1, dash="dot"))
-        fig.add_scatter(
-            x=[pt.alpha], y=[pred], mode="markers", name=f"{label}: α={pt.alpha:.2f}, γ≈{pt.mean_gamma:.1f} (model)",
-            marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=C_ENGINE, width=2.5)),
-            hovertemplate=f"{label}<br>α=%{{x:.3f}}<br>predicted %{{y:.2f}}× at c={c:.2f}<extra></extra>",
-        )
-        if pt.measured_speedup is not None:
-            fig.add_scatter(
-                x=[pt.alpha], y=[pt.measured_speedup], mode="markers",
-                name=f"{label}: measured {pt.measured_speedup:.2f}×",
-                marker=dict(size=13, color=C_ENGINE, symbol="diamond", line=dict(color="white", width=1)),
-                hovertemplate=f"{label}<br>α=%{{x:.3f}}<br>measured %{{y:.2f}}×<extra></extra>",
-            )
-    _fig_layout(fig, 440)
-    fig.update_layout(legend=dict(orientation="v", y=1, x=1.01, yanchor="top", xanchor="left"), margin=dict(r=10))
-    fig.update_xaxes(range=[0, 1], title_text="α: chance a draft guess is accepted")
-    fig.update_yaxes(range=[0, top], title_text="expected speedup over plain decoding (×)")
-    return fig
-
-
 def speedup_summary(c: float, points: Sequence[RunPoint]) -> str:
     lines = [
         "<p class='learn-note'>Expected speedup = (1 − α<sup>γ+1</sup>) / ((1 − α)(γc + 1)) with "
@@ -507,18 +482,14 @@ def speedup_summary(c: float, points: Sequence[RunPoint]) -> str:
         lines.append(message_html("No playground run recorded yet: generate text in the playground and your run "
                                   "appears here as a point.", "info"))
     for pt in points:
-        g = max(1, round(pt.mean_gamma))
-        pred = speedup_curve(g, c, [pt.alpha])[0]
+        pred = speedup_curve(pt.mean_gamma, c, [pt.alpha])[0]  # at the run's mean draft length (metrics convention)
         meas = (f"measured speedup {pt.measured_speedup:.2f}×" if pt.measured_speedup is not None
                 else "no measured speedup (the run has no plain-decoding baseline), so only the model's point is shown")
-        if pt.c_measured is not None:
-            c_est = (f"; plain decoding timed for this pair gives c = {pt.c_measured:.2f} "
-                     "(draft ms/token ÷ target ms/token)")
-        elif pt.c_estimate is not None:
-            c_est = (f"; your run's timings suggest c ≈ {pt.c_estimate:.2f} "
-                     "(draft time per guess ÷ verify time per round)")
-        else:
-            c_est = ""
+        c_est = ""
+        if pt.c_plain is not None:
+            c_est += f"; c_plain = {pt.c_plain:.2f} (draft ÷ target ms per token, timed when the pair loaded)"
+        if pt.c_loop is not None:
+            c_est += f"; c_loop = {pt.c_loop:.2f} (draft ms per guess ÷ verify ms per round, as this run paid it)"
         lines.append(
             f"<div class='learn-run'><b>{html.escape(pt.label)}</b>: {pt.rounds} rounds, α = {pt.alpha:.3f}, mean γ = "
             f"{pt.mean_gamma:.2f}, {pt.tokens_per_round:.2f} tokens per round; "

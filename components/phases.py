@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import html
 
+from specdec import events
 from specdec.events import Round
 
-from .tokens import BONUS, REPAIRED, fmt_prob, quoted, visible_piece
+from .tokens import ACCEPTED, BONUS, FATE_KIND, REPAIRED, fmt_prob, piece_html, quoted
 
 
 def _chip(kind: str, piece: str, round_index: int, position: int) -> str:
-    return (f'<span class="tok tok-{kind}" data-r="{round_index}" data-p="{position}">'
-            f"{html.escape(visible_piece(piece))}</span>")
+    return f'<span class="tok tok-{kind}" data-r="{round_index}" data-p="{position}">{piece_html(piece)}</span>'
 
 
 def _row(chip: str, cell: str, title: str = "") -> str:
@@ -38,12 +38,17 @@ def _card(step: int, title: str, subtitle: str, body: str) -> str:
 
 
 def _draft_card(rnd: Round) -> str:
+    if rnd.gamma == 0:
+        return _card(1, "Draft", f"the {rnd.drafter} drafter had nothing to propose this round ({rnd.draft_ms:.0f} ms)",
+                     '<div class="sd-row sd-muted">no guesses: this round is a plain target step</div>')
+    q_note = " (one-hot: a deterministic proposal)" if rnd.one_hot else ""
     rows = "".join(
         f'<div class="sd-row">{_chip("draft", rnd.draft_pieces[i], rnd.index, i)}'
         f'<span class="sd-num">q = {fmt_prob(rnd.q_draft[i])}</span></div>'
         for i in range(rnd.gamma)
     )
-    sub = f"the draft model guessed {rnd.gamma} tokens one by one ({rnd.draft_ms:.0f} ms)"
+    who = "the draft model" if rnd.drafter == "model" else f"the {rnd.drafter} drafter"
+    sub = f"{who} guessed {rnd.gamma} tokens{q_note} ({rnd.draft_ms:.0f} ms)"
     return _card(1, "Draft", sub, rows)
 
 
@@ -64,38 +69,47 @@ def _verify_card(rnd: Round) -> str:
 
 
 def _accept_card(rnd: Round) -> str:
+    if rnd.gamma == 0:
+        return _card(3, "Accept / reject", "nothing to test", '<div class="sd-row sd-muted">no guesses</div>')
     rows = []
-    for i in range(rnd.gamma):
+    for i, fate in enumerate(rnd.fates):
         a, u = rnd.accept_probs[i], rnd.uniforms[i]
-        if rnd.rejected_at is not None and i > rnd.rejected_at:
+        if fate == events.DISCARDED:
             rows.append(_row(_chip("disc", rnd.draft_pieces[i], rnd.index, i),
                              '<span class="sd-verdict sd-muted">not tested — discarded</span>'))
             continue
-        kept = i < rnd.n_accepted
-        kind, sign, word, mark = ("acc", "<", "keep", "✓") if kept else ("rej", "≥", "reject", "✗")
+        kept = u < a  # the rule's own verdict; a kept guess past the end of the text is shown as not committed
+        kind = FATE_KIND[fate]
+        sign, word, mark = ("<", "keep", "✓") if kept else ("≥", "reject", "✗")
+        if fate == events.CUT:
+            word += ", but not committed: the text ended before it"
         gauge = (f'<span class="sd-gauge">'
                  f'<span class="sd-gauge-fill" style="width:{_pct(a)}"></span>'
-                 f'<span class="sd-gauge-tick sd-gauge-{kind}" style="left:{_pct(u)}"></span></span>')
+                 f'<span class="sd-gauge-tick sd-gauge-{"acc" if kept else "rej"}" style="left:{_pct(u)}"></span></span>')
         # Short enough for a quarter-width card; the row's tooltip spells it out.
         full = f"u = {fmt_prob(u)} {sign} min(1, p/q) = {fmt_prob(a)} → {word} (the tick is u, the bar min(1, p/q))"
+        if rnd.one_hot:
+            full += "; q is 1 on this deterministic guess, so min(1, p/q) = p"
+        verdict = "acc" if kept else "rej"
         rows.append(_row(_chip(kind, rnd.draft_pieces[i], rnd.index, i),
-                         f'{gauge}<span class="sd-verdict sd-verdict-{kind}">{fmt_prob(u)} {sign} {fmt_prob(a)} {mark}</span>',
-                         title=full))
+                         f'{gauge}<span class="sd-verdict sd-verdict-{verdict}">{fmt_prob(u)} {sign} {fmt_prob(a)} '
+                         f'{mark}</span>', title=full))
     sub = "draw u ~ U(0,1) per guess; keep it iff u < min(1, p/q) (the tick must land inside the bar)"
     return _card(3, "Accept / reject", sub, "".join(rows))
 
 
 def _emit_card(rnd: Round) -> str:
     k = rnd.n_accepted
-    if rnd.is_bonus:
-        title = "Bonus"
+    if rnd.gamma == 0:
+        title, kind = "Plain step", BONUS
+        sub = "no guesses, so the target's p at the next position gives this round's one token"
+    elif rnd.is_bonus:
+        title, kind = "Bonus", BONUS
         sub = f"all {rnd.gamma} guesses kept, so the target's p at position {k} gives one more token for free"
-        kind = BONUS
     else:
-        title = "Repair"
+        title, kind = "Repair", REPAIRED
         sub = f"guess {k} was rejected: resample position {k} from normalize(max(0, p − q))"
-        kind = REPAIRED
-    committed = "".join(_chip(("acc" if n < k else kind), piece, rnd.index, n)
+    committed = "".join(_chip((ACCEPTED if n < k else kind), piece, rnd.index, n)
                         for n, piece in enumerate(rnd.committed_pieces))
     body = (
         f'<div class="sd-row">{_chip(kind, rnd.emitted_piece, rnd.index, k)}'
@@ -119,8 +133,8 @@ def render_phases(rnd: Round | None) -> str:
             "(or the <kbd>S</kbd> key) to run one round.</div>"
         )
     head = (f'<div class="sd-phases-title">Round {rnd.index + 1} at token {rnd.position} · γ = {rnd.gamma} · '
-            f'{rnd.n_accepted}/{rnd.gamma} accepted · {html.escape(quoted(rnd.emitted_piece))} '
-            f'{"bonus" if rnd.is_bonus else "repaired"}</div>')
+            f'{rnd.kept}/{rnd.gamma} accepted · {html.escape(quoted(rnd.emitted_piece))} '
+            f'{"plain step" if rnd.gamma == 0 else "bonus" if rnd.is_bonus else "repaired"}</div>')
     cards = _draft_card(rnd) + _verify_card(rnd) + _accept_card(rnd) + _emit_card(rnd)
     # data-r changes every round, so the browser re-creates the cards and replays their entrance animation.
     return f'{head}<div class="sd-phases" data-r="{rnd.index}">{cards}</div>'

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import html
 
-from specdec.events import Round
-from specdec.metrics import RunMetrics, summarize
-
-
-def run_metrics(rounds: list[Round], target_ms: float | None, draft_ms: float | None) -> RunMetrics:
-    return summarize(rounds, target_ms, draft_ms)
+from specdec.metrics import RunMetrics
 
 
 def passes_saved(m: RunMetrics) -> int:
@@ -35,15 +30,25 @@ def _per_position(m: RunMetrics) -> str:
             f'<div class="sd-pp-row">{bars}</div></div>')
 
 
-def render_stats(rounds: list[Round], target_ms: float | None = None, draft_ms: float | None = None) -> str:
-    """Acceptance, tokens per round, tok/s, passes saved, measured and predicted speedup."""
-    if not rounds:
+def _c_words(m: RunMetrics) -> str:
+    """Which cost ratio the prediction used, by name (specdec/metrics.py defines both)."""
+    if m.c_loop is not None:
+        return f"c_loop = {m.c_loop:.2f} (draft ms per guess ÷ verify ms per round, as this run paid it)"
+    if m.c_plain is not None:
+        return f"c_plain = {m.c_plain:.2f} (draft ÷ target ms per token in plain decoding)"
+    return "no cost ratio measured yet"
+
+
+def render_stats(m: RunMetrics | None) -> str:
+    """Acceptance, tokens per round, tok/s, passes saved, measured and predicted speedup, from a run's metrics
+    (RunRecord.metrics); every number is computed in specdec.metrics, none here."""
+    if m is None or not m.rounds:
         return '<div class="sd-stats sd-stats-empty">Stats appear after the first round.</div>'
-    m = run_metrics(rounds, target_ms, draft_ms)
     cells = [
-        _stat("acceptance rate", f"{100 * m.acceptance_rate:.0f}%",
-              f"{m.accepted} of {m.drafted} draft tokens kept; per-token α = {m.alpha:.2f} (kept / tested guesses: "
-              "guesses after a rejection are never tested)", "acceptance"),
+        _stat("acceptance rate", f"{100 * m.acceptance_rate:.0f}%" if m.drafted else "—",
+              f"{m.accepted} of {m.drafted} draft tokens kept and committed; per-token α = {m.alpha:.2f} (kept / "
+              f"tested guesses, {m.accepted}/{m.tested}: guesses after a rejection or past the end of the text are "
+              "never tested)", "acceptance"),
         _stat("tokens per round", f"{m.tokens_per_round:.2f}",
               "committed tokens per round, counting the repaired or bonus token (1 to γ+1)", "tokens_per_round"),
         _stat("tokens / s", f"{m.tok_s:.1f}",
@@ -59,10 +64,12 @@ def render_stats(rounds: list[Round], target_ms: float | None = None, draft_ms: 
     if m.predicted_speedup is not None:
         cells.append(_stat("predicted speedup", f"{m.predicted_speedup:.2f}×",
                            f"Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with per-token α = {m.alpha:.2f}, "
-                           f"γ = {round(m.mean_gamma)}, c = {m.c:.2f}", "predicted"))
-    foot = f"{m.rounds} rounds · {m.generated} tokens"
-    if m.c is not None:
-        foot += f" · c = draft/target step cost = {m.c:.2f}"
+                           f"γ = the mean draft length {m.mean_gamma:.2f}, {_c_words(m)}", "predicted"))
+    foot = f"{m.rounds} rounds · {m.generated} tokens · mean γ = {m.mean_gamma:.2f}"
+    if m.c_loop is not None:
+        foot += f" · c_loop (paid in this run) = {m.c_loop:.2f}"
+    if m.c_plain is not None:
+        foot += f" · c_plain (plain step costs) = {m.c_plain:.2f}"
     return (f'<div class="sd-stats"><div class="sd-stat-grid">{"".join(cells)}</div>{_per_position(m)}'
             f'<div class="sd-stats-foot">{html.escape(foot)}</div></div>')
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from specdec import events
 from specdec.events import Round
 
 # Chip kinds double as CSS classes (tok-<kind>); tests and the browser rely on these names.
@@ -28,6 +29,8 @@ KIND_LABELS = {
 # Whitespace would be invisible inside a chip, so it is drawn with stand-in glyphs.
 WHITESPACE_GLYPHS = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
 EMPTY_PIECE = "∅"  # a token that decodes to nothing (special or partial byte token)
+# A draft position's fate (decided once, by Round.fates) -> its chip kind.
+FATE_KIND = {events.ACCEPTED: ACCEPTED, events.REJECTED: REJECTED, events.DISCARDED: DISCARDED, events.CUT: CUT}
 
 
 def visible_piece(piece: str) -> str:
@@ -35,6 +38,11 @@ def visible_piece(piece: str) -> str:
     if piece == "":
         return EMPTY_PIECE
     return "".join(WHITESPACE_GLYPHS.get(ch, ch) for ch in piece)
+
+
+def piece_html(piece: str) -> str:
+    """The piece with whitespace made visible, escaped for HTML (and for Plotly labels, which read HTML too)."""
+    return html.escape(visible_piece(piece))
 
 
 def quoted(piece: str) -> str:
@@ -58,27 +66,44 @@ class Chip:
     newline_after: int = 0  # line breaks to draw after a committed chip that ends a line
 
 
-def _draft_tooltip(rnd: Round, i: int, verdict: str) -> str:
+def one_hot_note(rnd: Round) -> str:
+    """Why q is 1 on a deterministic proposal, and what the keep chance then is."""
+    return (f"q is one-hot: the {rnd.drafter} drafter proposed this token deterministically, so q = 1 on it and 0 "
+            "elsewhere, and it is kept with probability min(1, p/1) = p")
+
+
+def _draft_tooltip(rnd: Round, i: int, fate: str) -> str:
     p, q, a, u = rnd.p_draft[i], rnd.q_draft[i], rnd.accept_probs[i], rnd.uniforms[i]
     lines = [
         f"round {rnd.index + 1} · draft position {i}: {quoted(rnd.draft_pieces[i])}",
         f"q (draft) = {fmt_prob(q)}   p (target) = {fmt_prob(p)}",
         f"min(1, p/q) = {fmt_prob(a)}",
     ]
-    if verdict == ACCEPTED:
+    if rnd.one_hot:
+        lines.append(one_hot_note(rnd))
+    if fate == events.ACCEPTED:
         lines.append(f"u = {fmt_prob(u)} < {fmt_prob(a)}  →  accepted")
-    elif verdict == REJECTED:
+    elif fate == events.REJECTED:
         lines.append(f"u = {fmt_prob(u)} ≥ {fmt_prob(a)}  →  rejected")
-    elif verdict == DISCARDED:
+    elif fate == events.DISCARDED:
         lines.append(f"u = {fmt_prob(u)} (never used: an earlier guess was rejected, so this one was discarded)")
     else:
-        lines.append(f"u = {fmt_prob(u)} < {fmt_prob(a)}  →  accepted, but generation ended before it")
+        sign = "<" if u < a else "≥"
+        lines.append(f"u = {fmt_prob(u)} {sign} {fmt_prob(a)}, but not committed: the text ended (end of text or "
+                     "token limit) before this position")
     return "\n".join(lines)
 
 
 def _emitted_tooltip(rnd: Round) -> str:
     k = rnd.n_accepted
     head = f"round {rnd.index + 1} · position {k}: {quoted(rnd.emitted_piece)}"
+    if rnd.gamma == 0:
+        return "\n".join([
+            head,
+            f"plain target step: the {rnd.drafter} drafter had nothing to propose this round, so the token was",
+            "sampled from the target's own distribution p, as plain decoding would",
+            f"p (target) = {fmt_prob(rnd.emitted_p)}",
+        ])
     if rnd.is_bonus:
         return "\n".join([
             head,
@@ -102,28 +127,22 @@ def _newlines(piece: str) -> int:
 
 
 def round_chips(rnd: Round) -> list[Chip]:
-    """The chips of one round in display order, with the kind of each."""
-    n_committed = len(rnd.committed_ids)
-    rej = rnd.rejected_at
+    """The chips of one round in display order: each guess by its fate, the repaired token right after the
+    rejected guess it replaces, or the bonus token at the end."""
     chips: list[Chip] = []
-    for i in range(rnd.gamma):
-        if rej is not None and i == rej:
-            chips.append(Chip(REJECTED, rnd.draft_pieces[i], i, _draft_tooltip(rnd, i, REJECTED)))
-            chips.append(_emitted_chip(rnd, n_committed))
-        elif rej is not None and i > rej:
-            chips.append(Chip(DISCARDED, rnd.draft_pieces[i], i, _draft_tooltip(rnd, i, DISCARDED)))
-        else:
-            kind = ACCEPTED if i < n_committed else CUT
-            piece = rnd.draft_pieces[i]
-            chips.append(Chip(kind, piece, i, _draft_tooltip(rnd, i, kind), _newlines(piece) if kind == ACCEPTED else 0))
-    if rej is None:
-        chips.append(_emitted_chip(rnd, n_committed))
+    for i, fate in enumerate(rnd.fates):
+        kind, piece = FATE_KIND[fate], rnd.draft_pieces[i]
+        chips.append(Chip(kind, piece, i, _draft_tooltip(rnd, i, fate), _newlines(piece) if kind == ACCEPTED else 0))
+        if i == rnd.rejected_at:
+            chips.append(_emitted_chip(rnd))
+    if rnd.rejected_at is None:
+        chips.append(_emitted_chip(rnd))
     return chips
 
 
-def _emitted_chip(rnd: Round, n_committed: int) -> Chip:
+def _emitted_chip(rnd: Round) -> Chip:
     kind = BONUS if rnd.is_bonus else REPAIRED
-    committed = rnd.n_accepted < n_committed  # EOS or the token budget can cut the round before it
+    committed = rnd.n_accepted < len(rnd.committed_ids)  # EOS or the token budget can cut the round before it
     tooltip = _emitted_tooltip(rnd) + ("" if committed else "\n(not committed: generation ended before it)")
     return Chip(kind if committed else CUT, rnd.emitted_piece, rnd.n_accepted, tooltip,
                 _newlines(rnd.emitted_piece) if committed else 0)

@@ -24,9 +24,10 @@ from components import (
     visible_piece,
 )
 from components.charts import OTHER, running_alpha
-from specdec.decoder import TOP_DISPLAY, DecodeSettings, SpeculativeDecoder
-from specdec.events import Round, TokenProb, Totals
-from specdec.metrics import predicted_speedup, running_speedup
+from components.labels import describe_round, position_choices, round_choices
+from specdec.decoder import DecodeSettings, SpeculativeDecoder
+from specdec.events import DraftNote, Round, TokenProb, Totals
+from specdec.metrics import StepCosts, predicted_speedup, rounds_cost_ratio, running_speedup, summarize
 from specdec.sampling import SamplingConfig
 
 SCRIPT = "<script>alert(1)</script>"
@@ -46,7 +47,7 @@ def row(*pairs) -> list[TokenProb]:
 
 
 def make_round(drafts, q, p, u, n_accepted, emitted, emitted_p, *, q_top=None, p_top=None, residual=None,
-               committed=None, index=0, stop_reason=None) -> Round:
+               committed=None, index=0, stop_reason=None, note=None) -> Round:
     gamma = len(drafts)
     accept = [min(1.0, pi / qi) for pi, qi in zip(p, q)]
     rejected = n_accepted if n_accepted < gamma else None
@@ -63,7 +64,7 @@ def make_round(drafts, q, p, u, n_accepted, emitted, emitted_p, *, q_top=None, p
         residual_top=residual,
         committed_ids=[tid(c) for c in committed], committed_pieces=list(committed),
         draft_ms=5.0, verify_ms=10.0, round_ms=16.0,
-        totals=Totals(rounds=index + 1), stop_reason=stop_reason,
+        totals=Totals(rounds=index + 1), stop_reason=stop_reason, note=note,
     )
 
 
@@ -256,8 +257,8 @@ def test_pq_bonus_position_has_zero_q_and_no_residual(bonus_round):
 
 
 def test_pq_unknown_values_are_left_out_not_zeroed(recorded):
-    # Full top lists (TOP_DISPLAY long) say nothing about tokens outside them: those bars must be None, not 0.
-    rnd = next(r for r in recorded if len(r.q_top[0]) == TOP_DISPLAY)
+    # Full top lists (the round's top_k long) say nothing about tokens outside them: those bars must be None, not 0.
+    rnd = next(r for r in recorded if len(r.q_top[0]) == r.top_k)
     cands = pq_candidates(rnd, 0)
     q_ids = {t.id for t in rnd.q_top[0]} | {rnd.draft_ids[0]}
     for c in cands[:-1]:
@@ -314,26 +315,33 @@ def test_pq_rejects_positions_outside_the_round(bonus_round):
 
 def test_speedup_figure_traces(recorded):
     run = recorded[:10]
-    fig = speedup_figure(run, target_ms=20.0, draft_ms=5.0)
+    costs = StepCosts(20.0, 5.0)
+    fig = speedup_figure(run, costs)
     assert list(trace(fig, "tokens per").y) == [len(r.committed_ids) for r in run]
     assert list(trace(fig, "measured").y) == pytest.approx(running_speedup(run, 20.0))
-    # per-token alpha: kept guesses over tested guesses (the prefix plus the first rejected one)
-    accepted = sum(r.n_accepted for r in run)
-    alpha = accepted / (accepted + sum(r.rejected_at is not None for r in run))
+    # per-token alpha: kept guesses over tested guesses (the prefix plus the first rejected one, within the text)
+    accepted = sum(f == "accepted" for r in run for f in r.fates)
+    alpha = accepted / (accepted + sum(f == "rejected" for r in run for f in r.fates))
     assert running_alpha(run)[-1] == pytest.approx(alpha)
-    gamma = round(sum(r.gamma for r in run) / len(run))
-    assert trace(fig, "predicted").y[-1] == pytest.approx(predicted_speedup(alpha, gamma, 0.25))
+    # the one convention: mean draft length, c_loop from the rounds' timings (metrics.predict_speedup)
+    mean_gamma = sum(r.gamma for r in run) / len(run)
+    want = predicted_speedup(alpha, mean_gamma, rounds_cost_ratio(run))
+    assert trace(fig, "predicted").y[-1] == pytest.approx(want)
+    assert trace(fig, "predicted").y[-1] == pytest.approx(summarize(run, costs).predicted_speedup)
 
 
-def test_speedup_figure_without_costs_has_no_speedup_lines(recorded):
-    fig = speedup_figure(recorded[:3], None, None)
-    assert [t.name for t in fig.data] == ["tokens per target pass", "plain decoding = 1×"]
+def test_speedup_figure_without_costs_has_no_measured_line(recorded):
+    fig = speedup_figure(recorded[:3], None)
+    assert [t.name for t in fig.data if not t.name.startswith("predicted")] == ["tokens per target pass",
+                                                                               "plain decoding = 1×"]
     assert "measuring" in fig.layout.title.text
+    # the prediction needs no plain step costs: c_loop comes from the rounds' own timings
+    assert trace(fig, "predicted").y[-1] == pytest.approx(summarize(recorded[:3]).predicted_speedup)
 
 
 def test_stats_panel_numbers(bonus_round, reject_first, reject_midway):
     rounds = [bonus_round, reject_first, reject_midway]
-    out = render_stats(rounds, target_ms=20.0, draft_ms=5.0)
+    out = render_stats(summarize(rounds, StepCosts(20.0, 5.0)))
     generated = 4 + 1 + 3
     stat = lambda key: re.search(rf'data-stat="{key}"[^>]*><div class="sd-stat-value">([^<]*)<', out).group(1)  # noqa: E731
     assert stat("passes_saved") == str(generated - 3)
@@ -343,7 +351,88 @@ def test_stats_panel_numbers(bonus_round, reject_first, reject_midway):
     assert stat("tok_s") == f"{tok_s:.1f}"
     assert stat("speedup") == f"{tok_s / 50.0:.2f}×"
     assert not math.isnan(float(stat("predicted").rstrip("×")))
+    # the two cost ratios are named apart: c_loop (paid in the run, used for the prediction) and c_plain
+    assert "c_loop (paid in this run) = " in out and "c_plain (plain step costs) = 0.25" in out
+    assert "c_loop = " in re.search(r'data-stat="predicted" title="([^"]*)"', out).group(1)
 
 
 def test_stats_before_any_round():
-    assert "after the first round" in render_stats([])
+    assert "after the first round" in render_stats(None)
+    assert "after the first round" in render_stats(summarize([]))
+
+
+# ------------------------------------------------------------------------- fates, empty and one-hot proposals
+
+
+def test_a_rejection_past_the_end_of_the_text_is_not_drawn_as_rejected():
+    # EOS was the first (kept) guess: the rejection after it and its repair never reached the text (Round.fates)
+    rnd = make_round(["<eos>", "b"], q=[0.5, 0.5], p=[0.6, 0.1], u=[0.1, 0.9], n_accepted=1, emitted="c",
+                     emitted_p=0.2, committed=["<eos>"], stop_reason="eos")
+    assert rnd.fates == ["accepted", "cut"]
+    assert kinds(render_round(rnd)) == ["acc", "cut", "cut"]
+    labels = [label for label, _ in position_choices(rnd)]
+    assert labels[1].endswith("not committed") and "rejected" not in labels[1]
+    assert describe_round(rnd).startswith("1/2 guesses kept")
+
+
+@pytest.fixture
+def empty_round() -> Round:
+    """The n-gram drafter found nothing to copy: gamma 0, one plain target step."""
+    return make_round([], q=[], p=[], u=[], n_accepted=0, emitted=" plain", emitted_p=0.3, index=2,
+                      note=DraftNote("ngram", one_hot=True))
+
+
+def test_a_round_with_nothing_drafted_renders_everywhere(empty_round):
+    out = render_round(empty_round)
+    assert kinds(out) == ["bonus"] and chip_texts(out) == ["·plain"]
+    assert "plain target step" in html.unescape(out) and "nothing to propose" in html.unescape(out)
+    phases = render_phases(empty_round)
+    assert "Plain step" in phases and "nothing to propose" in phases and "no guesses" in phases
+    fig = pq_figure(empty_round, 0)
+    assert "plain target step" in fig.layout.title.text
+    assert values(fig, "p (")["·plain"] == pytest.approx(0.3)
+    assert describe_round(empty_round).startswith("nothing drafted")
+    assert round_choices([empty_round]) == [("Round 3: nothing drafted (plain step)", 2)]
+    assert [v for _, v in position_choices(empty_round)] == [0]
+    stats = render_stats(summarize([empty_round]))
+    assert 'data-stat="acceptance"' in stats and "—" in stats  # nothing drafted: no acceptance rate to show
+    from components import learn
+
+    for step in range(learn.N_STEPS):
+        assert "learn-walk" in learn.walkthrough_html(empty_round, step)
+    assert "nothing to propose" in learn.walkthrough_html(empty_round, 0)
+
+
+@pytest.fixture
+def one_hot_round() -> Round:
+    """Two copied guesses (q = 1 on each): the first kept with chance p = 0.6, the second refused (u 0.5 >= 0.2)."""
+    return make_round(["a", "b"], q=[1.0, 1.0], p=[0.6, 0.2], u=[0.3, 0.5], n_accepted=1, emitted="c",
+                      emitted_p=0.5, q_top=[row(("a", 1.0)), row(("b", 1.0))],
+                      p_top=[row(("a", 0.6), ("x", 0.3)), row(("c", 0.5), ("b", 0.2)), row(("d", 0.9))],
+                      residual=row(("c", 0.625), ("x", 0.375)), note=DraftNote("ngram", one_hot=True, match_len=2))
+
+
+def test_one_hot_q_is_one_on_the_guess_and_zero_elsewhere(one_hot_round):
+    assert one_hot_round.accept_probs == [0.6, 0.2]  # min(1, p/1) = p
+    fig = pq_figure(one_hot_round, 1)
+    q = values(fig, "q (")
+    assert q["b"] == 1.0 and q["c"] == 0.0  # known zeros, not unknown (None): q is exactly one-hot
+    assert "one-hot" in trace(fig, "q (").name and "q = 1 on the guess" in trace(fig, "q (").hovertemplate
+    assert "one-hot" in fig.layout.title.text and "kept with probability p" in fig.layout.title.text
+    titles = [html.unescape(t) for t in re.findall(r'title="([^"]*)"', render_round(one_hot_round))]
+    assert "q is one-hot" in titles[0] and "probability min(1, p/1) = p" in titles[0]
+    assert "one-hot" in render_phases(one_hot_round)
+
+
+def test_learn_walkthrough_reads_rounds_and_fates(recorded, reject_midway):
+    from components import learn
+
+    for rnd in recorded[:5] + [reject_midway]:
+        for step in range(learn.N_STEPS):
+            out = learn.walkthrough_html(rnd, step)
+            assert "<script" not in out and "learn-walk" in out
+    # the playground's token display: a space is '·' in both tabs
+    assert "·b↵" in learn.walkthrough_html(reject_midway, 2)
+    table = learn.walkthrough_html(reject_midway, 3)
+    assert table.count("<td>kept</td>") == 2 and table.count("<td>rejected</td>") == 1
+    assert "not checked" in table
