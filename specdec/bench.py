@@ -56,6 +56,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="our loop's draft head: ids below N plus EOS and the text's own tokens; 0 = full "
                          "vocabulary; default: 65536 for large vocabularies")
     ap.add_argument("--out", default="bench-results/bench.json")
+    ap.add_argument("--overhead", action="store_true", help="per-round time outside the model forward passes, "
+                    "by category (JSON to bench-results/overhead.json unless --out)")
     ap.add_argument("--batch", default=None, help="e.g. 1,2,4,8,16: batched speculative vs plain batched decoding "
                     "per batch size (latency vs throughput; JSON to bench-results/batch.json unless --out)")
 
@@ -331,6 +333,9 @@ def cmd_bench(args, load) -> int:
     if args.batch:  # batched decoding has its own measurement
         from .batch_bench import cmd_batch_bench
         return cmd_batch_bench(args, load)
+    if args.overhead:  # per-round time outside the forward passes has its own measurement
+        from .overhead import cmd_overhead
+        return cmd_overhead(args, load)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     kinds = [k for k in args.kinds.split(",") if k]
     modes = [m for m in args.modes.split(",") if m]
