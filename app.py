@@ -36,7 +36,7 @@ from components import empty_figure, render_legend, render_phases, render_stats,
 from specdec.hub import DEFAULT_MAX_PARAMS
 from specdec.models import PAIRS
 from specdec.trace import MAX_TRACE_BYTES
-from ui.inputs import Number, Slider
+from ui.controls import Number, Slider, drafter_choices, policy_choices
 from ui.learn_tab import build_learn_tab
 from ui.loader import PairLoader
 from ui.playground import Playground, env_request, guarded
@@ -80,7 +80,7 @@ def build_demo(pg: Playground) -> gr.Blocks:
     # delete_cache: uploaded and exported traces (up to 20 MB each) are removed after a day, hourly checked
     with gr.Blocks(title="specdec · speculative decoding playground", delete_cache=(3600, 86400)) as demo:
         session = gr.State(None)  # this browser tab's Session (decoder + rendered rounds), created on first use
-        recorded = gr.State(None)  # the last run's rounds for the Learn tab: {"rounds": [Round dicts], ...}
+        recorded = gr.State([])  # the Learn tab's runs: a list of RunRecords, the run on screen first
         timer = gr.Timer(1.0, active=True)
 
         with gr.Row(elem_id="sd-header", equal_height=True):
@@ -119,6 +119,10 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                               elem_id="sd-seed", min_width=100)
                             top_p = Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
                                            elem_id="sd-top-p")
+                            drafter = gr.Dropdown(drafter_choices(), value="model", label="Drafter (who guesses)",
+                                                  elem_id="sd-drafter")
+                            policy = gr.Dropdown(policy_choices(), value="fixed", label="γ policy",
+                                                 elem_id="sd-policy")
                         with gr.Accordion("Models", open=False):
                             pair = gr.Dropdown(list(PAIRS), label="Model pair (target + draft)",
                                                value=pg.startup.name if pg.startup.name in PAIRS else "default",
@@ -140,7 +144,7 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                          js_on_load=TOKEN_CLICK_JS, elem_id="sd-tokens", max_height=420,
                                          autoscroll=True)
                         phases = gr.HTML(render_phases(None), js_on_load=TOKEN_CLICK_JS, elem_id="sd-phases")
-                        stats = gr.HTML(render_stats([]), elem_id="sd-stats", js_on_load=None)
+                        stats = gr.HTML(render_stats(None), elem_id="sd-stats", js_on_load=None)
                         with gr.Row(equal_height=False):
                             with gr.Column(min_width=300):
                                 with gr.Row():
@@ -166,7 +170,9 @@ def build_demo(pg: Playground) -> gr.Blocks:
                 build_learn_tab(recorded, get_pair=pg.current_pair)
 
         # ------------------------------------------------------------------------------------------ wiring
-        control_inputs = [prompt, chat, gamma, max_new, temperature, top_k, top_p, seed, pair, target, draft]
+        # drafter and policy last: API callers that send the first eleven get their defaults
+        control_inputs = [prompt, chat, gamma, max_new, temperature, top_k, top_p, seed, pair, target, draft,
+                          drafter, policy]
         outputs = [session, status, tokens, phases, stats, pq_plot, speed_plot, round_dd, pos_dd, text, recorded,
                    model]
         assert len(outputs) == len(Playground.OUTPUTS)

@@ -17,11 +17,14 @@ import torch
 import ui.gpu_run as gpu_run
 import ui.loader as loader_mod
 import ui.playground as playground
+import ui.session as session_mod
 from specdec.decoder import DecodeSettings, SpeculativeDecoder
 from specdec.errors import UnsupportedModelError
 from specdec.hub import ModelCheck
+from specdec.metrics import StepCosts
+from specdec.record import RunRecord
 from specdec.sampling import SamplingConfig
-from specdec.trace import build_trace, dumps_trace, load_trace_file
+from specdec.trace import dumps_trace, load_trace_file
 from tests.test_zerogpu import FakeSpaces
 from ui.loader import PairLoader, PairRequest
 from ui.playground import DETACHED_STEP_MESSAGE, Playground, Session, guarded
@@ -47,7 +50,7 @@ def solo(pair, c: list) -> SpeculativeDecoder:
 
 @pytest.fixture
 def fast(monkeypatch):
-    monkeypatch.setattr(playground, "MIN_ROUND_INTERVAL_S", 0.0)
+    monkeypatch.setattr(session_mod, "MIN_ROUND_INTERVAL_S", 0.0)
 
 
 @pytest.fixture
@@ -127,7 +130,7 @@ def test_import_replays_without_loading_any_model(pg, tiny_pair, monkeypatch, tm
     pg.startup_job.measured.wait(60)
     dec = solo(tiny_pair, CONTROLS)
     path = tmp_path / "t.json"
-    path.write_text(dumps_trace(build_trace(dec, {"baseline_tok_s": 40.0, "c": 0.5}, prompt="Hello world")))
+    path.write_text(dumps_trace(dec.record(StepCosts(25.0, 12.5))))
 
     def no_loading(*a, **k):
         raise AssertionError("a trace replay must not load models")
@@ -139,8 +142,10 @@ def test_import_replays_without_loading_any_model(pg, tiny_pair, monkeypatch, tm
     session = out[0]
     assert "Replaying a trace: " in out[STATUS] and "tiny:target" in out[STATUS]
     assert out[TEXT] == dec.text and session.decoder is None and session.rounds == dec.rounds
-    assert out[RECORDED]["rounds"] == [r.to_dict() for r in dec.rounds]  # the Learn tab's state
-    assert pg.costs(session) == (25.0, 12.5)  # from baseline_tok_s and c
+    (rec,) = out[RECORDED]  # the Learn tab's state: the replayed run as a RunRecord, rounds and all
+    assert isinstance(rec, RunRecord) and rec.rounds == dec.rounds and rec is session.record
+    assert rec.costs == StepCosts(25.0, 12.5)  # the replay shows the speedup the trace's costs give
+    assert rec.metrics.speedup == pytest.approx(dec.record(StepCosts(25.0, 12.5)).metrics.speedup)
     # the replay exports back byte for byte
     assert Path(pg.export_trace(session)).read_text() == path.read_text()
 
@@ -150,11 +155,10 @@ def test_export_of_a_live_run_records_prompt_settings_and_costs(pg, tiny_pair):
     out = last(guarded(pg.generate)(None, *c))
     session = out[0]
     tr = load_trace_file(pg.export_trace(session))
-    assert tr.prompt == [{"role": "user", "content": "Explain a hash map"}]
+    assert tr.prompt == "Explain a hash map" and tr.settings.chat is True  # what was typed, and how it was sent
     assert tr.rounds == session.decoder.rounds and tr.text == out[TEXT] == solo(tiny_pair, c).text
-    t_ms, d_ms = pg.costs(session)
-    assert tr.metrics["target_ms_per_token"] == t_ms and tr.metrics["draft_ms_per_token"] == d_ms
-    assert tr.metrics["speedup"] == pytest.approx(out[RECORDED]["speedup"])
+    assert tr.costs == session.job.costs and tr.costs.target_ms > 0
+    assert tr.metrics.speedup == pytest.approx(out[RECORDED][0].metrics.speedup)
     assert pg.export_trace(Session()) is None
 
 
@@ -178,10 +182,11 @@ def test_detached_generate_matches_the_engine_and_records_a_log(tiny_pair, fast,
     session = out[0]
     want = solo(tiny_pair, CONTROLS)
     assert "Done:" in out[STATUS] and out[TEXT] == want.text
-    assert session.decoder is None and decisions(session.log.rounds) == decisions(want.rounds)
+    assert session.decoder is None and decisions(session.record.rounds) == decisions(want.rounds)
     assert events[0] == "costs" and events.count("round") == len(want.rounds)  # costs measured in the GPU call
-    assert pg.costs(session)[0] > 0 and out[RECORDED]["speedup"] is not None
-    assert load_trace_file(pg.export_trace(session)).rounds == session.log.rounds
+    assert session.record.costs.target_ms > 0 and out[RECORDED][0].metrics.speedup is not None
+    assert session.record.text == want.text and session.record.stop_reason == want.stop_reason
+    assert load_trace_file(pg.export_trace(session)).rounds == session.record.rounds
     # step mode needs a decoder that outlives a GPU call: refused with the reason
     for handler in (pg.step, pg.run_to_end):
         assert DETACHED_STEP_MESSAGE.split(":")[0] in last(guarded(handler)(session, *CONTROLS))[STATUS]
@@ -198,7 +203,7 @@ def test_detached_stream_stops_at_a_round_boundary(tiny_pair, fast):
             break
     rest = list(stream)
     assert rest and "Stopped after" in rest[-1][STATUS]
-    assert len(session.rounds) <= 2 and session.log.stop_reason is None
+    assert len(session.rounds) <= 2 and session.record.stop_reason is None
 
 
 def test_gpu_decorated_functions_with_spaces_present(monkeypatch):
@@ -260,3 +265,57 @@ def test_custom_draft_next_to_the_tiny_target_fails_with_a_message(tiny_pair, fa
     job = loader.request(PairRequest("tiny", "", "no-org/no-model"))  # offline here: the hub cannot be asked
     assert job.wait(60) and job.state == "error"
     assert "no-org/no-model" in job.error and "Traceback" not in job.error
+
+
+# ---------------------------------------------------------------------------------- drafter and γ policy
+
+
+def test_drafter_and_policy_controls_reach_the_decoder(pg, tiny_pair):
+    c = controls() + ["ngram", "heuristic"]
+    out = last(guarded(pg.generate)(None, *c))
+    session = out[0]
+    assert "Done:" in out[STATUS]
+    assert session.decoder.settings.drafter == "ngram" and session.decoder.settings.gamma_policy == "heuristic"
+    assert all(r.drafter == "ngram" for r in session.rounds)
+    assert out[RECORDED][0].settings.drafter == "ngram"
+    # API callers that send only the first eleven controls get the draft model at a fixed γ
+    assert last(guarded(pg.generate)(None, *controls()))[0].decoder.settings.drafter == "model"
+
+
+def test_bad_drafter_choices_are_refused_with_a_message(pg):
+    out = last(guarded(pg.generate)(None, *controls(), "oracle", "fixed"))
+    assert "sd-status-error" in out[STATUS] and "drafter must be one of" in out[STATUS]
+    out = last(guarded(pg.generate)(None, *controls(), "ngram", "confidence"))
+    assert "sd-status-error" in out[STATUS] and "ngram drafter with the confidence gamma policy" in out[STATUS]
+
+
+def test_an_unavailable_drafter_shows_the_engines_message(pg, monkeypatch):
+    from specdec.errors import InvalidInputError
+
+    def unavailable(*a, **k):
+        raise InvalidInputError("the 'cross' drafter is not available yet")
+
+    monkeypatch.setattr("specdec.decoder.make_drafter", unavailable)
+    out = last(guarded(pg.generate)(None, *controls(), "cross", "fixed"))
+    assert "sd-status-error" in out[STATUS] and "not available yet" in out[STATUS]
+
+
+# ------------------------------------------------------------------------------------------ Learn tab state
+
+
+def test_learn_tab_consumers_take_the_playgrounds_records(pg):
+    from ui.learn_tab import c_from_run, render_walkthrough, round_choices, update_speedup
+
+    out = last(guarded(pg.generate)(None, *controls(max_new=40)))
+    records = out[RECORDED]
+    rec = records[0]
+    keys = [v for _, v in round_choices(records)]
+    assert keys[:2] == ["builtin:reject", "builtin:bonus"] and keys[2:] == [f"run:{r.index}" for r in rec.rounds]
+    assert f"Round {len(rec.rounds)}, after" in render_walkthrough(f"run:{len(rec.rounds) - 1}", 0, records)
+    assert "gone" in render_walkthrough("run:999", 0, records)
+    m = rec.metrics
+    assert c_from_run(0.1, records) == round(min(1.0, m.c_plain), 2)  # the pair's timed c_plain wins
+    fig, summary = update_speedup(0.2, records)
+    assert "your last run" in summary and f"α = {m.alpha:.3f}" in summary
+    assert any(t.name and "measured" in t.name for t in fig.data)
+    assert c_from_run(0.1, []) == 0.1 and "No playground run" in update_speedup(0.2, [])[1]

@@ -71,7 +71,7 @@ def test_learn_tab_end_to_end(page, app_url):
         if i < 7:
             page.click("#learn-next")
     assert "Round result" in names[-1]
-    assert "The ␣cat ␣sat ␣nearby" in page.locator("#learn-walkthrough").inner_text()
+    assert "The ·cat ·sat ·nearby" in page.locator("#learn-walkthrough").inner_text()
     page.click("#learn-next")  # past the end stays on the last step
     _wait_text(page, "#learn-step-name", r"Step 7 of 7")
     page.click("#learn-back")
@@ -79,7 +79,7 @@ def test_learn_tab_end_to_end(page, app_url):
 
     # A recorded playground round replays too.
     page.locator("#learn-round input").click()
-    page.get_by_role("option", name=re.compile(r"^Your run: round 1 ")).click()
+    page.get_by_role("option", name=re.compile(r"^Your run: Round 1:")).click()
     _wait_text(page, "#learn-step-name", r"Step 1 of 7")
     assert "Round 1, after 0 generated tokens" in page.locator("#learn-walkthrough").inner_text()
     for i in range(2, 8):  # one click per step: a click while the previous update is pending is dropped

@@ -249,10 +249,12 @@ model_ids = st.one_of(st.just(""), st.just(""), safe_text,
 @st.composite
 def playground_args(draw):
     v = draw(valid)
+    # drafter and gamma policy: the n-gram drafter refuses the confidence policy (a handled error)
     args = [v["prompt"], v["chat"], v["gamma"], v["max_new"], v["temperature"], v["top_k"], v["top_p"], v["seed"],
-            "tiny", "", ""]
+            "tiny", "", "", draw(st.sampled_from(["model", "model", "ngram"])),
+            draw(st.sampled_from(["fixed", "heuristic", "confidence", "expected"]))]
     # break some fields (none, one or several): the rest stays valid so the handlers, not just Gradio, get fuzzed
-    for i in draw(st.lists(st.integers(0, 10), max_size=3, unique=True)):
+    for i in draw(st.lists(st.integers(0, 12), max_size=3, unique=True)):
         if i == 0:
             args[i] = draw(texts)
         elif i == 1:
@@ -344,12 +346,13 @@ def fuzz_app():
 def base_trace(tiny_pair) -> dict:
     from specdec.decoder import DecodeSettings, SpeculativeDecoder
     from specdec.sampling import SamplingConfig
-    from specdec.trace import build_trace
+    from specdec.metrics import StepCosts
+    from specdec.trace import record_to_dict
 
     dec = SpeculativeDecoder(tiny_pair, "Hello world", DecodeSettings(gamma=4, max_new_tokens=24, seed=1,
                                                                         sampling=SamplingConfig(0.9, 0, 1.0)))
     list(dec)
-    return build_trace(dec, {"baseline_tok_s": 50.0, "speedup": 1.5})
+    return record_to_dict(dec.record(StepCosts(20.0, 10.0)))
 
 
 def test_fuzz_every_endpoint(fuzz_app, base_trace, tmp_path):

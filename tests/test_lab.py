@@ -13,6 +13,7 @@ import specdec.verify
 from components import learn as view
 from specdec import lab
 from specdec.events import Round
+from specdec.examples import example_rounds
 from specdec.kvcache import CachedLM
 from specdec.sampling import SamplingConfig, warp
 
@@ -228,22 +229,23 @@ def test_total_variation():
 
 
 def test_example_rounds_come_from_verify():
-    ex = lab.example_rounds()
-    rej, bonus = ex["builtin:reject"], ex["builtin:bonus"]
+    ex = example_rounds()
+    rej, bonus = ex["builtin:reject"].round, ex["builtin:bonus"].round
     for r in (rej, bonus):
-        Round.from_dict(r)
-        for q, p, a in zip(r["q_draft"], r["p_draft"], r["accept_probs"]):
+        assert Round.from_dict(r.to_dict()) == r
+        for q, p, a in zip(r.q_draft, r.p_draft, r.accept_probs):
             assert a == pytest.approx(min(1.0, p / q), abs=1e-6)
-    assert rej["draft_pieces"] == ["The", " cat", " sat", " down"]
-    assert rej["n_accepted"] == 3 and rej["rejected_at"] == 3
-    assert rej["committed_pieces"] == ["The", " cat", " sat", " nearby"]
-    assert [t["piece"] for t in rej["residual_top"]] == [" nearby", " quietly"]
-    assert rej["residual_top"][0]["prob"] == pytest.approx(0.875, abs=1e-6)  # (55-20) / (35+5)
-    assert bonus["is_bonus"] and bonus["rejected_at"] is None and len(bonus["committed_ids"]) == 5
+    assert ex["builtin:reject"].context == "Tell me where the cat is."
+    assert rej.draft_pieces == ["The", " cat", " sat", " down"]
+    assert rej.n_accepted == 3 and rej.rejected_at == 3
+    assert rej.committed_pieces == ["The", " cat", " sat", " nearby"]
+    assert [t.piece for t in rej.residual_top] == [" nearby", " quietly"]
+    assert rej.residual_top[0].prob == pytest.approx(0.875, abs=1e-6)  # (55-20) / (35+5)
+    assert bonus.is_bonus and bonus.rejected_at is None and len(bonus.committed_ids) == 5
 
 
 def test_walkthrough_steps_change_the_right_cells():
-    rnd = lab.example_rounds()["builtin:reject"]
+    rnd = example_rounds()["builtin:reject"].round
     changed = [view._changed(rnd, s) for s in range(view.N_STEPS)]
     assert changed[0]["guess"] == [True] * 4 + [False]
     assert all(changed[1]["check"])
@@ -252,57 +254,59 @@ def test_walkthrough_steps_change_the_right_cells():
     assert changed[4]["out"] == [False, False, False, True, False]
     assert not any(any(v) for v in changed[5].values())  # no bonus after a rejection
     html = view.walkthrough_html(rnd, 4)
-    assert "Step 5 of 7: Repair" in html and "learn-out-repair" in html and "␣nearby" in html
-    bonus = lab.example_rounds()["builtin:bonus"]
+    assert "Step 5 of 7: Repair" in html and "learn-out-repair" in html and "·nearby" in html
+    bonus = example_rounds()["builtin:bonus"].round
     assert view._changed(bonus, 5)["out"] == [False] * 4 + [True]
     assert "learn-out-bonus" in view.walkthrough_html(bonus, 5)
 
 
 def test_walkthrough_escapes_token_text():
-    rnd = dict(lab.example_rounds()["builtin:reject"])
-    rnd["draft_pieces"] = ["<script>alert(1)</script>", " cat", " sat", " down"]
-    rnd["emitted_piece"] = "<b>"
-    rnd["context"] = "<img src=x onerror=alert(1)>"
+    rnd = example_rounds()["builtin:reject"].round
+    rnd.draft_pieces = ["<script>alert(1)</script>", " cat", " sat", " down"]
+    rnd.emitted_piece = "<b>"
+    context = "<img src=x onerror=alert(1)>"
     for s in range(view.N_STEPS):
-        html = view.walkthrough_html(rnd, s)
+        html = view.walkthrough_html(rnd, s, context)
         assert "<script>" not in html and "<img" not in html
         assert "&lt;script&gt;" in html
-    assert "&lt;b&gt;" in view.walkthrough_html(rnd, 4)
+    assert "&lt;b&gt;" in view.walkthrough_html(rnd, 4, context)
 
 
 def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
     from specdec.decoder import DecodeSettings, SpeculativeDecoder
-    from ui.learn_tab import render_walkthrough, round_choices
+    from specdec.metrics import StepCosts
+    from ui.learn_tab import c_from_run, render_walkthrough, round_choices
 
     dec = SpeculativeDecoder(tiny_pair, "The cat", DecodeSettings(gamma=3, max_new_tokens=20,
                                                                    sampling=SamplingConfig(temperature=1.0)))
-    rounds = [r.to_dict() for r in dec]
-    for state in (rounds, {"rounds": rounds, "speedup": 1.7, "c": 0.3, "pair": "tiny"}):
-        keys = [v for _, v in round_choices(state)]
+    rounds = list(dec)
+    bare, timed = [dec.record()], [dec.record(StepCosts(20.0, 6.0))]
+    for records in (bare, timed):
+        keys = [v for _, v in round_choices(records)]
         assert keys[:2] == ["builtin:reject", "builtin:bonus"] and len(keys) == 2 + len(rounds)
         for s in range(view.N_STEPS):
-            assert "learn-walk" in render_walkthrough("run:0", s, state)
-        (pt,) = lab.run_points(state)
-        kept = sum(r["n_accepted"] for r in rounds)  # per-token alpha: kept / tested (prefix + first rejection)
-        assert pt.alpha == pytest.approx(kept / (kept + sum(r["rejected_at"] is not None for r in rounds)))
+            assert "learn-walk" in render_walkthrough("run:0", s, records)
+        (pt,) = lab.run_points(records)
+        kept = sum(f == "accepted" for r in rounds for f in r.fates)  # per-token alpha: kept / tested
+        assert pt.alpha == pytest.approx(kept / (kept + sum(f == "rejected" for r in rounds for f in r.fates)))
         assert pt.rounds == len(rounds)
-    assert lab.run_points(rounds)[0].measured_speedup is None
-    pt = lab.run_points({"rounds": rounds, "speedup": 1.7, "c": 0.3})[0]
-    assert pt.measured_speedup == 1.7 and pt.c_measured == 0.3
-    assert lab.run_points(None) == [] and lab.run_points({"rounds": []}) == []
-    from ui.learn_tab import c_from_run
-
-    assert c_from_run(0.1, {"rounds": rounds, "c": 0.34}) == 0.34  # the playground's timed c wins
-    est = lab.run_points(rounds)[0].c_estimate
-    assert est is not None and c_from_run(0.1, rounds) == round(min(1.0, est), 2)
-    assert "gone" in render_walkthrough("run:999", 0, rounds)
+    assert lab.run_points(bare)[0].measured_speedup is None
+    pt = lab.run_points(timed)[0]
+    assert pt.measured_speedup == pytest.approx(timed[0].metrics.speedup) and pt.c_plain == pytest.approx(0.3)
+    assert lab.run_points([]) == []
+    assert c_from_run(0.1, timed) == 0.3  # the pair's timed c_plain wins
+    c_loop = lab.run_points(bare)[0].c_loop
+    assert c_loop is not None and c_from_run(0.1, bare) == round(min(1.0, c_loop), 2)
+    assert "gone" in render_walkthrough("run:999", 0, bare)
 
 
 def test_speedup_figure_curves_and_shading():
     from specdec.metrics import predicted_speedup
 
-    pts = [lab.RunPoint("run", 10, 0.7, 4.0, 3.0, 1.4, None)]
-    fig = view.speedup_figure(0.2, pts)
+    from components.charts import speedup_curves_figure
+
+    pts = [lab.RunPoint("run", "model", 10, 0.7, 4.0, 3.0, 1.4, None)]
+    fig = speedup_curves_figure(0.2, pts)
     curves = [t for t in fig.data if t.name and t.name.startswith("γ=")]
     assert [t.name for t in curves] == [f"γ={g}" for g in range(1, 13)]
     i = int(np.argmin(np.abs(np.asarray(curves[3].x) - 0.5)))

@@ -3,7 +3,7 @@
 On ZeroGPU a `@gpu` function runs in a worker process: its arguments and everything it yields are pickled, and
 nothing it changes in memory comes back. So the function takes plain values (ids, the prompt, DecodeSettings),
 builds its own decoder, and yields plain events: the models' step costs (once per pair), then each Round with the
-text so far. The main process records them into the session (ui/trace_io.RunLog) and renders them as usual.
+text so far. The main process adds them to the session's RunRecord (ui/session.Session.worker_rounds) and renders them as usual.
 
 Off ZeroGPU `gpu` returns the function unchanged, and the app does not use this path at all unless
 SPECDEC_DETACHED=1 asks for it (tests use that to run this code without a Space).

@@ -1,29 +1,33 @@
-"""The Learn tab: layout and event wiring only. Math lives in specdec/lab.py, drawing in components/learn.py.
+"""The Learn tab: layout and event wiring only. Math lives in specdec/lab.py, the built-in rounds in
+specdec/examples.py, drawing in components/learn.py and components/charts.py.
 
-app.py calls `build_learn_tab(recorded_rounds, get_pair=...)` inside `with gr.Tab("Learn"):`.
-`recorded_rounds` is the playground's gr.State (the list of Round dicts of its last run, or {"rounds": [...],
-"speedup": ...}); `get_pair` returns the loaded ModelPair, or None while it is still loading.
+app.py calls `build_learn_tab(recorded, get_pair=...)` inside `with gr.Tab("Learn"):`. `recorded` is the
+playground's gr.State: a list of RunRecords, the run on screen first (empty before any run); `get_pair` returns
+the loaded ModelPair, or None while it is still loading.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import gradio as gr
-import torch
 
 from components import learn as view
+from components.charts import speedup_curves_figure
+from components.labels import round_label
 from specdec import lab
 from specdec.errors import SpecDecError
 from specdec.events import Round
+from specdec.examples import example_rounds
+from specdec.record import RunRecord
 from specdec.sampling import SamplingConfig
 from specdec.zerogpu import gpu
 
-from .inputs import Number, Slider
+from .controls import Number, Slider
 
 CSS_PATH = Path(__file__).resolve().parent.parent / "assets" / "learn.css"
 EXTRA_ROWS = (("fox", 10.0, 10.0), ("bee", 10.0, 10.0), ("elk", 10.0, 10.0))  # rows 4-6 when switched on
@@ -35,34 +39,6 @@ REAL_DEFAULT_PREFIX = "def fibonacci(n):\n    "
 
 
 # ------------------------------------------------------------------------------------------ model access
-
-
-class BackgroundPair:
-    """Loads the app's pair in a thread on first use so a click never blocks on a multi-second load."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.pair = None
-        self.error: str | None = None
-        self.started: float | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self):
-        with self._lock:
-            if self.pair is None and self.error is None and self.started is None:
-                self.started = time.time()
-                threading.Thread(target=self._load, daemon=True).start()
-        if self.error:
-            raise lab.LabInputError(self.error)
-        return self.pair
-
-    def _load(self):
-        from specdec.models import load_pair
-
-        try:
-            self.pair = load_pair(self.name)
-        except Exception as exc:  # shown to the learner as a message, never as a traceback
-            self.error = f"the model pair '{self.name}' failed to load: {exc}"
 
 
 def await_pair(get_pair: Callable):
@@ -100,46 +76,36 @@ def wait_for_pair(get_pair: Callable, timeout_s: float = 300.0, poll_s: float = 
 # ------------------------------------------------------------------------------------- recorded rounds
 
 
-def _recorded_list(state) -> list[dict]:
-    """The rounds of the playground's last run (the first run if the state holds several)."""
-    runs = lab.runs_in(state)
-    return runs[0][0] if runs else []
+def _recorded_rounds(records: Sequence[RunRecord] | None) -> list[Round]:
+    """The rounds of the run on screen in the playground (the first record)."""
+    return list(records[0].rounds) if records else []
 
 
-def round_choices(state) -> list[tuple[str, str]]:
+def round_choices(records: Sequence[RunRecord] | None) -> list[tuple[str, str]]:
     choices = [(label, key) for key, label in BUILTIN_LABELS.items()]
-    for i, r in enumerate(_recorded_list(state)):
-        try:
-            g, n = int(r["gamma"]), int(r["n_accepted"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        tail = "all kept + bonus" if r.get("rejected_at") is None else f"kept {n}/{g}"
-        choices.append((f"Your run: round {i + 1} ({tail})", f"run:{i}"))
+    for rnd in _recorded_rounds(records):
+        choices.append((f"Your run: {round_label(rnd)}", f"run:{rnd.index}"))
     return choices
 
 
-def round_for(choice: str | None, state) -> tuple[dict, str | None]:
-    """The round a selector value names, checked through Round.from_dict; falls back to the first example."""
-    examples = lab.example_rounds()
+def round_for(choice: str | None, records: Sequence[RunRecord] | None) -> tuple[Round, str | None, str | None]:
+    """(round, context text, problem) for a selector value; falls back to the first example."""
+    examples = example_rounds()
+    fallback = examples["builtin:reject"]
     if choice in examples:
-        return examples[choice], None
+        return examples[choice].round, examples[choice].context, None
     if isinstance(choice, str) and choice.startswith("run:"):
-        rounds = _recorded_list(state)
+        rounds = _recorded_rounds(records)
         i = int(choice.split(":", 1)[1])
         if i < len(rounds):
-            try:
-                Round.from_dict(rounds[i])
-                return rounds[i], None
-            except (KeyError, TypeError, ValueError) as exc:
-                problem = f"Recorded round {i + 1} could not be read ({exc}); showing the example."
-                return examples["builtin:reject"], problem
-        return examples["builtin:reject"], "That recorded round is gone (the playground started a new run)."
-    return examples["builtin:reject"], None
+            return rounds[i], None, None
+        return fallback.round, fallback.context, "That recorded round is gone (the playground started a new run)."
+    return fallback.round, fallback.context, None
 
 
-def render_walkthrough(choice, step, state) -> str:
-    rnd, problem = round_for(choice, state)
-    body = view.walkthrough_html(rnd, int(step or 0))
+def render_walkthrough(choice, step, records) -> str:
+    rnd, context, problem = round_for(choice, records)
+    body = view.walkthrough_html(rnd, int(step or 0), context)
     return (view.message_html(problem, "warn") if problem else "") + body
 
 
@@ -216,7 +182,7 @@ def run_real(get_pair, prefix, temperature, top_k, top_p, gamma, n, k, seed):
         rows = lab.first_token_rows(pair, prefix, cfg)
         draws = lab.sample_on_support(rows, rounds, s)
         chk = lab.real_check(rows, draws, [])
-        pieces = _pieces(pair, rows)
+        pieces = _pieces(pair, chk)
         name = getattr(pair, "name", "?")
         if k_real:
             running = view.message_html(f"Running {k_real} real decoder rounds…", "info")
@@ -231,7 +197,7 @@ def run_real(get_pair, prefix, temperature, top_k, top_p, gamma, n, k, seed):
                 yield gr.update(), view.real_result_html(chk, name, 0) + view.message_html(
                     f"Real decoder rounds: {i + 1} of {k_real} done, about {eta:.0f} s left…", "info")
         chk = lab.real_check(rows, draws, ids)
-        pieces.update(_pieces(pair, rows, ids))
+        pieces.update(_pieces(pair, chk))
         yield gr.update(value=view.real_figure(chk, pieces), visible=True), view.real_result_html(chk, name, k_real)
     except SpecDecError as exc:
         yield gr.update(), view.message_html(str(exc), "error")
@@ -249,26 +215,33 @@ def run_real_gpu(source: int, prefix, temperature, top_k, top_p, gamma, n, k, se
     yield from run_real(_PAIR_SOURCES[source], prefix, temperature, top_k, top_p, gamma, n, k, seed)
 
 
-def _pieces(pair, rows, extra=()) -> dict[int, str]:
-    """Decoded text of the tokens the chart can show: the top of p0 and anything the real rounds emitted."""
-    top = torch.topk(rows.p0, min(16, rows.p0.shape[0])).indices.tolist()
-    ids = sorted(set(top) | set(int(i) for i in extra))
-    return {i: pair.tokenizer.decode([i]) for i in ids}
+def _pieces(pair, chk: lab.RealCheck) -> dict[int, str]:
+    """Decoded text of the tokens the chart names (components.learn.real_chart_ids decides which)."""
+    return {i: pair.tokenizer.decode([i]) for i in view.real_chart_ids(chk)}
 
 
 # -------------------------------------------------------------------------------------------- speedup
 
 
-def update_speedup(c, state):
+def run_points(records: Sequence[RunRecord] | None) -> list[lab.RunPoint]:
+    """The recorded runs as chart points; the first is the run on screen in the playground."""
+    points = lab.run_points(records or [])
+    if points and records and records[0].metrics.drafted:
+        points[0] = replace(points[0], label=f"your last run ({points[0].label})")
+    return points
+
+
+def update_speedup(c, records):
     c = float(c if c is not None else 0.1)
-    points = lab.run_points(state)
-    return view.speedup_figure(c, points), view.speedup_summary(c, points)
+    points = run_points(records)
+    return speedup_curves_figure(c, points), view.speedup_summary(c, points)
 
 
-def c_from_run(c, state):
-    """The run's cost ratio: the playground's plain-decoding timing if it has one, else the rounds' own timings."""
-    for p in lab.run_points(state):
-        best = p.c_measured if p.c_measured is not None else p.c_estimate
+def c_from_run(c, records):
+    """The run's cost ratio: c_plain (the pair's plain step costs, timed at load) if known, else c_loop (what the
+    loop paid, from the rounds' own timings); both are defined in specdec/metrics.py."""
+    for p in lab.run_points(records or []):
+        best = p.c_plain if p.c_plain is not None else p.c_loop
         if best is not None:
             return round(min(1.0, best), 2)
     gr.Info("No recorded run with timings yet; generate text in the playground first.")
@@ -285,10 +258,9 @@ def _css() -> str:
         return ""
 
 
-def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None) -> None:
+def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
     """Lay out the five Learn sections and wire their events; call inside `with gr.Tab("Learn"):`."""
     pair_name = os.environ.get("SPECDEC_PAIR", "default")
-    get_pair = get_pair or BackgroundPair(pair_name)
     gr.HTML(f"<style>{_css()}</style>", elem_id="learn-style", padding=False)
     gr.Markdown(
         "A small draft model guesses a few tokens; the large target model checks them all in one pass, keeps the "
@@ -359,7 +331,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable | None = None)
             lab_n = Number(20_000, label=f"N rounds (up to {lab.MAX_LAB_ROUNDS:,})", precision=0, minimum=1,
                            maximum=lab.MAX_LAB_ROUNDS, elem_id="learn-lab-n")
             lab_seed = Number(0, label="seed", precision=0, minimum=0, elem_id="learn-lab-seed")
-            lab_repair = gr.Radio([(lbl, key) for key, (lbl, _) in lab.REPAIRS.items()], value="correct",
+            lab_repair = gr.Radio([(view.REPAIR_LABELS[key], key) for key in lab.REPAIRS], value="correct",
                                   label="repair after a rejection", elem_id="learn-lab-repair", scale=3)
             lab_run = gr.Button("Sample N rounds", variant="primary", elem_id="learn-lab-run")
         lab_plot = gr.Plot(show_label=False, visible=False, elem_id="learn-lab-plot")

@@ -1,0 +1,180 @@
+"""The playground's controls: the input components that refuse what the API can send, and `Controls`, which turns
+the values app.py passes into DecodeSettings and a PairRequest with a message for every bad value.
+
+Number and Slider: from the browser these fields only ever hold numbers. Through the API (gradio_client, raw HTTP)
+they can receive strings, booleans, NaN, infinities and 40-digit integers; Gradio's own preprocessing then fails
+with a TypeError or ValueError, which reaches the caller only as "the app has raised an exception". These
+subclasses check the payload first and answer with a gr.Error naming the field; valid numbers go on to Gradio's
+own preprocessing unchanged. The class names stay Number and Slider, because Gradio picks the browser component
+by class name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gradio as gr
+
+from specdec.drafters import check_combination
+from specdec.errors import InvalidInputError
+from specdec.sampling import SamplingConfig
+from specdec.settings import DRAFTERS, GAMMA_POLICIES, DecodeSettings
+
+from .loader import PairRequest, check_request
+
+# Longest prompt accepted, in characters, checked before tokenizing: the decoder's own limit is 8192 tokens, and a
+# megabyte of text would only be tokenized to be refused. 100k characters is over 10 characters per token.
+MAX_PROMPT_CHARS = 100_000
+# What the drafter and gamma-policy dropdowns show (values are DecodeSettings' names).
+DRAFTER_LABELS = {
+    "model": "draft model (the pair's small model)",
+    "ngram": "n-gram prompt lookup (copies earlier text; q is one-hot)",
+    "early-exit": "early exit (the target's first layers)",
+    "cross": "cross-tokenizer draft (another vocabulary, re-tokenized; q is one-hot)",
+}
+POLICY_LABELS = {
+    "fixed": "fixed: γ every round",
+    "heuristic": "heuristic: +2 after a full accept, −1 otherwise",
+    "confidence": "confidence: stop drafting after an unsure guess",
+    "expected": "expected: best predicted speedup (follows timings; not seed-reproducible)",
+}
+
+
+def drafter_choices() -> list[tuple[str, str]]:
+    return [(DRAFTER_LABELS.get(d, d), d) for d in DRAFTERS]
+
+
+def policy_choices() -> list[tuple[str, str]]:
+    return [(POLICY_LABELS.get(p, p), p) for p in GAMMA_POLICIES]
+
+
+# ------------------------------------------------------------------------------------------ components
+
+
+def _field(component) -> str:
+    return component.label or component.elem_id or "a number field"
+
+
+def _shown(x) -> str:
+    try:
+        return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else repr(x)[:40]
+    except OverflowError:  # an integer too large for a float
+        return f"a {len(str(abs(x)))}-digit number"
+
+
+def check_number(component, payload, minimum=None, maximum=None) -> None:
+    """Raise gr.Error unless payload is None or a finite number within [minimum, maximum]."""
+    if payload is None:
+        return
+    name = _field(component)
+    if isinstance(payload, bool) or not isinstance(payload, (int, float)):
+        raise gr.Error(f"{name} must be a number, got {_shown(payload)}", print_exception=False)
+    if isinstance(payload, float) and not math.isfinite(payload):
+        raise gr.Error(f"{name} must be a finite number, got {payload}", print_exception=False)
+    if minimum is not None and payload < minimum:
+        raise gr.Error(f"{name}: {_shown(payload)} is less than the minimum, {_shown(minimum)}",
+                       print_exception=False)
+    if maximum is not None and payload > maximum:
+        raise gr.Error(f"{name}: {_shown(payload)} is more than the maximum, {_shown(maximum)}",
+                       print_exception=False)
+
+
+class Number(gr.Number):
+    def preprocess(self, payload):
+        check_number(self, payload, self.minimum, self.maximum)
+        return super().preprocess(payload)
+
+
+class Slider(gr.Slider):
+    def preprocess(self, payload):
+        if payload is None:
+            raise gr.Error(f"{_field(self)} is empty; send a number", print_exception=False)
+        check_number(self, payload, self.minimum, self.maximum)
+        return super().preprocess(payload)
+
+
+# ------------------------------------------------------------------------------------------ input values
+
+
+@dataclass
+class Controls:
+    """The playground inputs, in the order app.py passes them (the last two are optional for API callers)."""
+
+    prompt: str
+    chat: bool
+    gamma: float
+    max_new_tokens: float
+    temperature: float
+    top_k: float
+    top_p: float
+    seed: float
+    pair: str
+    target: str
+    draft: str
+    drafter: str = "model"
+    gamma_policy: str = "fixed"
+
+    def settings(self) -> DecodeSettings:
+        """Checked settings, so bad input is refused before any model loads."""
+        sampling = SamplingConfig(temperature=number(self.temperature, "temperature"),
+                                  top_k=whole(self.top_k, "top-k"), top_p=number(self.top_p, "top-p"))
+        settings = DecodeSettings(gamma=whole(self.gamma, "γ (draft length)"),
+                              max_new_tokens=whole(self.max_new_tokens, "max new tokens"),
+                              sampling=sampling, seed=whole(self.seed, "seed"), chat=bool(self.chat),
+                              drafter=choice(self.drafter, "drafter", DRAFTERS),
+                              gamma_policy=choice(self.gamma_policy, "γ policy", GAMMA_POLICIES)).validate()
+        check_combination(settings)  # e.g. the ngram drafter has no confidence to stop on
+        return settings
+
+    def check_prompt(self) -> None:
+        if self.prompt is None:  # an API call without a prompt: the decoder says "the prompt is empty"
+            self.prompt = ""
+        if not isinstance(self.prompt, str):
+            raise InvalidInputError(f"the prompt must be text, got {type(self.prompt).__name__}")
+        if len(self.prompt) > MAX_PROMPT_CHARS:
+            raise InvalidInputError(f"the prompt is {len(self.prompt):,} characters long; the limit is "
+                                    f"{MAX_PROMPT_CHARS:,}")
+
+    def pair_request(self, allow_local: bool = True) -> PairRequest:
+        """The pair to load; unknown presets and badly spelled custom ids are refused here, before any loading."""
+        for value, name in ((self.pair, "model pair"), (self.target, "custom target"), (self.draft, "custom draft")):
+            if value is not None and not isinstance(value, str):
+                raise InvalidInputError(f"{name} must be text, got {type(value).__name__}")
+        req = PairRequest(self.pair or "default", (self.target or "").strip(), (self.draft or "").strip())
+        check_request(req, allow_local)
+        return req
+
+
+def choice(x, name: str, allowed: tuple[str, ...]) -> str:
+    if x is None or x == "":
+        return allowed[0]
+    if not isinstance(x, str) or x not in allowed:
+        raise InvalidInputError(f"{name} must be one of {', '.join(allowed)}, got {_short(x)}")
+    return x
+
+
+def number(x, name: str) -> float:
+    if x is None or x == "":
+        raise InvalidInputError(f"{name} is empty; enter a number")
+    if isinstance(x, bool):
+        raise InvalidInputError(f"{name} must be a number, got {x!r}")
+    try:
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInputError(f"{name} must be a number, got {_short(x)}") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise InvalidInputError(f"{name} must be a finite number, got {_short(x)}")
+    return v
+
+
+def whole(x, name: str) -> int:
+    v = number(x, name)
+    if v != int(v):
+        raise InvalidInputError(f"{name} must be a whole number, got {_short(x)}")
+    return int(v)
+
+
+def _short(x, limit: int = 40) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
