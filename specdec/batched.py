@@ -37,11 +37,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .decoder import DecodeSettings, encode_prompt, make_generator, resolve_draft_vocab
+from .decoder import encode_prompt, make_generator, resolve_draft_vocab
 from .errors import InvalidInputError
 from .kvcache import CachedLM
 from .models import ModelPair
 from .sampling import sample, warp
+from .settings import DecodeSettings
 from .verify import verify_batch
 
 MAX_BATCH = 16
@@ -134,7 +135,8 @@ class BatchRound:
     committed: list[list[int]]  # tokens each row emitted this round (empty once a row has stopped)
     pieces: list[list[str]]  # the same tokens as text
     own: list[bool]  # the row's last emitted token is its own repair/bonus (a minimal row), not a kept guess
-    thrown: int  # tokens batch-1 would have emitted but lockstep threw away, summed over active rows
+    held: list[int]  # per row: tokens of its own round output it could not emit (the cut at m + 1)
+    thrown: int  # sum of held: tokens batch-1 would have emitted but lockstep threw away
     draft_ms: float = 0.0
     verify_ms: float = 0.0  # target pass (plain: the whole step)
     round_ms: float = 0.0
@@ -183,8 +185,10 @@ class BatchResult:
                 if a and n is not None:
                     accepted += n
                     tested += n + (n < r.gamma)  # a rejected guess was tested too; guesses after it never were
-        # Round one also runs the prompts; later rounds with the full gamma give the steady per-pass costs.
-        steady = [r for r in self.rounds[1:] if r.gamma == self.gamma]
+        # Round one also runs the prompts; later rounds with the full gamma give the steady per-pass costs (short
+        # runs may have none: their later rounds draft fewer guesses near the budget, so those stand in).
+        steady = [r for r in self.rounds[1:] if r.gamma == self.gamma] or self.rounds[1:]
+        g_steady = _median([r.gamma for r in steady]) if spec else 0
         return {
             "batch": self.batch,
             "gamma": self.gamma,
@@ -194,9 +198,12 @@ class BatchResult:
             "rounds": len(self.rounds),
             "tokens_per_round_per_row": committed / row_rounds if row_rounds else None,
             "alpha": accepted / tested if tested else None,
+            "accepted": accepted,
+            "tested": tested,
             "thrown_per_round": sum(r.thrown for r in self.rounds) / len(self.rounds) if spec and self.rounds else None,
             "latency_ms": list(self.latency_ms),
             "verify_ms": _median([r.verify_ms for r in steady]),
+            "verify_tokens": self.batch * (g_steady + 1) if spec and steady else None,  # tokens each pass scores
             "draft_pass_ms": _median([r.draft_ms / r.gamma for r in steady]) if spec else None,
             "step_ms": None if spec else _median([r.round_ms for r in self.rounds[1:]]),
         }
@@ -281,6 +288,8 @@ def _settings(settings: DecodeSettings) -> DecodeSettings:
     s = settings.validate()
     if s.gamma_policy != "fixed":
         raise InvalidInputError("batched decoding uses a fixed gamma; adaptive gamma policies are batch-1 only")
+    if s.drafter != "model":
+        raise InvalidInputError(f"batched decoding drafts with the draft model only, not {s.drafter!r}")
     return s
 
 
@@ -358,7 +367,7 @@ class BatchedSpeculativeDecoder:
         drafts = draft_tokens.tolist()
         # Row b's round output is drafts[b][:n_b] + [nxt[b]]; every row emits its first m + 1 tokens.
         chunks = [(d[:n] + [y])[: m + 1] for d, n, y in zip(drafts, n_acc, nxt)]
-        thrown = sum(min(n + 1, remaining) - k for n, a in zip(n_acc, was_active) if a)
+        held = [min(n + 1, remaining) - k if a else 0 for n, a in zip(n_acc, was_active)]
         emitted = rows.commit(chunks, k, (t2 - self._t0) * 1e3)
         # Keep what every row still agrees with: all columns but the newest (its last token is not fed yet);
         # the draft never fed its last guess, so after an all-kept round it lacks one column (caught up next round).
@@ -378,7 +387,8 @@ class BatchedSpeculativeDecoder:
             committed=emitted,
             pieces=[tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
             own=[a and n == m and k == m + 1 and len(e) == k for n, a, e in zip(n_acc, was_active, emitted)],
-            thrown=thrown,
+            held=held,
+            thrown=sum(held),
             draft_ms=(t1 - t0) * 1e3,
             verify_ms=(t2 - t1) * 1e3,
             round_ms=(t3 - t0) * 1e3,
@@ -410,7 +420,8 @@ def plain_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = Deco
         emitted = rows.commit([[t] for t in y], 1, (t1 - start) * 1e3)
         rnd = BatchRound(len(rounds), 0, was_active, [None] * len(y), 0, emitted,
                          [tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
-                         [bool(e) for e in emitted], 0, 0.0, (t1 - t0) * 1e3, (t1 - t0) * 1e3, (t1 - start) * 1e3)
+                         [bool(e) for e in emitted], [0] * len(y), 0, 0.0, (t1 - t0) * 1e3, (t1 - t0) * 1e3,
+                         (t1 - start) * 1e3)
         rounds.append(rnd)
         if on_step is not None:
             on_step(rnd)
