@@ -273,7 +273,7 @@ def sweep(pair, gammas, prompts, modes, max_new, repeats, costs, log, draft_voca
     rows = []
     for g, xs in spec.items():
         m = spec_metrics(xs, costs)
-        rows.append({"gamma": g, "alpha": m.alpha, "c_loop": m.c_loop, "tok_s": _tok_s(xs),
+        rows.append({"gamma": g, "mean_gamma": m.mean_gamma, "alpha": m.alpha, "c_loop": m.c_loop, "tok_s": _tok_s(xs),
                      "measured_speedup": _tok_s(xs) / _tok_s(base), "predicted_speedup": m.predicted_speedup})
     return rows
 
@@ -318,7 +318,7 @@ def render_overhead(runs: list[list[Round]], costs, log) -> dict:
             t0 = time.perf_counter()
             render_round(rnd)
             render_phases(rnd)
-            render_stats(rounds[: i + 1], costs)
+            render_stats(summarize(rounds[: i + 1], costs))
             pq_figure(rnd, rnd.rejected_at or 0).to_json()
             speedup_figure(rounds[: i + 1], costs).to_json()
             render_ms += (time.perf_counter() - t0) * 1e3

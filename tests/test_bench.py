@@ -34,8 +34,9 @@ def test_quick_bench_reports_every_group_and_consistent_ratios(tmp_path, capsys)
         assert g["d/a"] == pytest.approx(t["ours_spec"] / t["hf_plain"])
         assert g["d/b"] == pytest.approx(t["ours_spec"] / t["hf_assisted"])
         assert g["measured_speedup"] == pytest.approx(t["ours_spec"] / t["ours_plain"])
-        assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], 3, g["c_run"]))
-        assert g["c"] == res["c"] and 0 < g["c_run"]
+        assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], g["mean_gamma"], g["c_loop"]))
+        assert g["c_plain"] == pytest.approx(res["c_plain"]) and 0 < g["c_loop"]
+        assert 1 <= g["mean_gamma"] <= 3
         assert 0 <= g["alpha"] <= 1 and 1 <= g["tokens_per_round"] <= 4
     # tiny-model rounds take about a millisecond, so only the bookkeeping is checked here
     assert res["render"]["render_ms"] > 0 and res["render"]["generation_ms"] > 0
@@ -43,23 +44,28 @@ def test_quick_bench_reports_every_group_and_consistent_ratios(tmp_path, capsys)
 
 def test_group_summary_uses_medians_and_per_token_alpha():
     from specdec.bench import Sample
+    from specdec.metrics import StepCosts
+    from tests.test_audit_defects import _round
 
-    def s(name, tok, sec, **extra):
-        return Sample(name, "code", "greedy", "p", tok, sec, extra)
+    def s(name, tok, sec, rounds=()):
+        return Sample(name, "code", "greedy", "p", tok, sec, list(rounds))
 
-    spec = dict(drafted=8, accepted=6, rounds=3, rejections=2, draft_ms=400.0, verify_ms=600.0)
+    # Three rounds drafting 4, 4 and 0 guesses: all 4 kept (+ bonus), 1 kept then a rejection, a plain step.
+    rounds = [_round(4, 4, 5), _round(4, 1, 2), _round(0, 0, 1)]
+    for r, (d_ms, v_ms) in zip(rounds, [(100.0, 200.0), (300.0, 200.0), (0.0, 200.0)]):
+        r.draft_ms, r.verify_ms = d_ms, v_ms
     xs = [s("hf_plain", 10, 2.0), s("hf_plain", 10, 4.0), s("hf_plain", 10, 5.0),
-          s("hf_assisted", 10, 1.0), s("ours_plain", 10, 2.0), s("ours_spec", 9, 1.0, **spec)]
+          s("hf_assisted", 10, 1.0), s("ours_plain", 10, 2.0), s("ours_spec", 8, 1.0, rounds)]
     other = Sample("hf_plain", "code", "greedy", "q", 30, 2.0)  # a second prompt: 15 tok/s
-    g = summarize_group(xs + [other], gamma=4, c=0.5)
+    g = summarize_group(xs + [other], StepCosts(100.0, 50.0))
     # median repeat of prompt p (10 tokens in 4 s) plus prompt q (30 tokens in 2 s): 40 tokens in 6 s
     assert g["tok_s"]["hf_plain"] == pytest.approx(40 / 6)
-    assert g["alpha"] == pytest.approx(6 / 8)  # kept / tested: 6 kept, 2 rejections
-    assert g["acceptance_rate"] == pytest.approx(6 / 8)
-    assert g["tokens_per_round"] == pytest.approx(3.0)
-    assert g["c_run"] == pytest.approx((400 / 8) / (600 / 3)) and g["c"] == 0.5  # 50 ms per guess, 200 per pass
-    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(6 / 8, 4, 0.25))
-    assert g["d/a"] == pytest.approx(9 / (40 / 6)) and g["d/b"] == pytest.approx(0.9)
+    assert g["alpha"] == pytest.approx(5 / 6)  # kept / tested: 5 kept, 1 rejection
+    assert g["acceptance_rate"] == pytest.approx(5 / 8)
+    assert g["tokens_per_round"] == pytest.approx(8 / 3) and g["mean_gamma"] == pytest.approx(8 / 3)
+    assert g["c_loop"] == pytest.approx((400 / 8) / (600 / 3)) and g["c_plain"] == 0.5  # 50 ms/guess, 200/pass
+    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(5 / 6, 8 / 3, 0.25))
+    assert g["d/a"] == pytest.approx(8 / (40 / 6)) and g["d/b"] == pytest.approx(0.8)
 
 
 def test_adaptive_compare_ranks_policies_against_the_best_fixed_gamma(tmp_path):
@@ -80,7 +86,8 @@ def test_gamma_sweep_prints_measured_next_to_predicted(tmp_path, capsys):
     res = _bench(tmp_path, "--sweep-gamma", "1..3", "--modes", "greedy", "--kinds", "prose")
     assert [r["gamma"] for r in res["sweep"]] == [1, 2, 3]
     for r in res["sweep"]:
-        assert r["predicted_speedup"] == pytest.approx(predicted_speedup(r["alpha"], r["gamma"], r["c_run"]))
+        assert r["mean_gamma"] <= r["gamma"]  # the last round of a run is capped by the token budget
+        assert r["predicted_speedup"] == pytest.approx(predicted_speedup(r["alpha"], r["mean_gamma"], r["c_loop"]))
         assert r["measured_speedup"] > 0 and math.isfinite(r["measured_speedup"])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()[:1].isdigit()]
     assert len(lines) == 3
@@ -90,4 +97,14 @@ def test_policy_option_runs_our_loop_adaptively_and_predicts_at_its_mean_gamma(t
     res = _bench(tmp_path, "--policy", "expected", "--modes", "greedy", "--kinds", "code")
     assert res["policy"] == "expected"
     g = res["groups"]["all"]
-    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], g["mean_gamma"], g["c_run"]))
+    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], g["mean_gamma"], g["c_loop"]))
+
+
+def test_assisted_generation_leaves_the_shared_draft_config_alone(tiny_pair):
+    from specdec.bench import assistant_for
+
+    before = tiny_pair.draft.generation_config.to_dict()
+    view = assistant_for(tiny_pair.draft, 7)
+    assert view.generation_config.num_assistant_tokens == 7 and view.generation_config.assistant_confidence_threshold == 0
+    assert tiny_pair.draft.generation_config.to_dict() == before
+    assert view.model.embed_tokens.weight is tiny_pair.draft.model.embed_tokens.weight  # same weights, no copy
