@@ -21,8 +21,10 @@ TOP_DISPLAY = 8  # default number of candidates per position a Round carries for
 GAMMA_POLICIES = ("fixed", "heuristic", "confidence", "expected")
 SEED_REPRODUCIBLE_POLICIES = ("fixed", "heuristic", "confidence")
 # Who proposes the guesses (specdec/drafters/): the draft model, n-gram prompt lookup, the target's own first
-# layers (self-speculative early exit), or a draft model with another tokenizer whose text is re-tokenized.
-DRAFTERS = ("model", "ngram", "early-exit", "cross")
+# layers (self-speculative early exit), a draft model with another tokenizer whose text is re-tokenized, or a
+# text the user expects the output to be (predicted output).
+DRAFTERS = ("model", "ngram", "early-exit", "cross", "predicted")
+MAX_PREDICTION_CHARS = 100_000
 MAX_NGRAM = 8
 
 
@@ -48,6 +50,7 @@ class DecodeSettings:
     ngram_max: int = 4  # ngram: longest suffix matched against the text so far (tried first)
     ngram_min: int = 1  # ngram: shortest suffix worth copying from
     exit_layer: int = 0  # early-exit: the target's first k layers draft; 0 = a quarter of its layers
+    prediction: str = ""  # predicted: the text the output is expected to be (drafts from it)
 
     def validate(self) -> "DecodeSettings":
         _whole(self.gamma, "gamma (draft length)", 1, MAX_GAMMA)
@@ -66,6 +69,10 @@ class DecodeSettings:
         _whole(self.ngram_min, "ngram_min", 1, MAX_NGRAM)
         _whole(self.ngram_max, "ngram_max", self.ngram_min, MAX_NGRAM)
         _whole(self.exit_layer, "exit_layer", 0, 1024)
+        if not isinstance(self.prediction, str) or len(self.prediction) > MAX_PREDICTION_CHARS:
+            raise InvalidInputError(f"the prediction must be text of at most {MAX_PREDICTION_CHARS} characters")
+        if self.drafter == "predicted" and not self.prediction.strip():
+            raise InvalidInputError("the 'predicted' drafter needs a prediction: the text you expect the output to be")
         self.sampling.validate()
         return self
 
