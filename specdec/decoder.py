@@ -92,7 +92,9 @@ class SpeculativeDecoder:
     def __init__(self, pair: ModelPair, prompt, settings: DecodeSettings = DecodeSettings(), drafter: Drafter | None = None,
                  gamma_schedule: list[int] | None = None, top_k: int = TOP_DISPLAY):
         """`gamma_schedule` forces each round's gamma (e.g. the recorded gammas of a trace, to reproduce a run whose
-        policy followed wall-clock timings); `top_k` is how many candidates per position each Round carries."""
+        policy followed wall-clock timings); `top_k` is how many candidates per position each Round carries for
+        display -- 0 skips building them (a top-k and a decode per position), for consumers that only want text
+        and statistics (the benchmark's timed loop, the CLI)."""
         self.settings = settings.validate()
         self.pair = pair
         self.tok = pair.tokenizer
@@ -208,7 +210,8 @@ class SpeculativeDecoder:
         idx = draft.tokens.unsqueeze(-1)
         emitted = verdict.tokens[-1]
         k = self.top_k
-        residual = _top(verdict.residual[None], tok, k)[0] if verdict.residual is not None else None
+        top = (lambda probs: _top(probs, tok, k)) if k else (lambda probs: [[] for _ in range(probs.shape[0])])
+        residual = top(verdict.residual[None])[0] if verdict.residual is not None else None
         return Round(
             index=self.totals.rounds - 1,
             position=len(self.generated_ids) - len(committed),
@@ -225,8 +228,8 @@ class SpeculativeDecoder:
             emitted_piece=tok.decode([emitted]),
             is_bonus=verdict.bonus,
             emitted_p=float(p[verdict.n_accepted, emitted]),
-            q_top=_top(draft.probs, tok, k) if g else [],
-            p_top=_top(p, tok, k),
+            q_top=top(draft.probs) if g else [],
+            p_top=top(p),
             residual_top=residual,
             committed_ids=list(committed),
             committed_pieces=tok.batch_decode([[i] for i in committed]),

@@ -25,10 +25,14 @@ class TokenProb:
 class DraftNote:
     """Where a drafter's guesses came from, for display. Plain JSON-ready fields; absent ones stay None."""
 
-    drafter: str  # "model", "ngram", "early-exit", "cross"
+    drafter: str  # "model", "ngram", "early-exit", "cross", "predicted"
     one_hot: bool = False  # q is 1 on each guess: a deterministic proposal (copied or re-tokenized text)
-    source_start: int | None = None  # ngram: index in prompt + generated ids where the copied tokens start
-    match_len: int | None = None  # ngram: length of the suffix that matched there
+    # ngram: index in prompt + generated ids where the copied tokens start; predicted: index in the PREDICTION's
+    # tokens (settings.prediction, target tokenizer) of the first proposed token
+    source_start: int | None = None
+    # ngram: length of the suffix that matched there; predicted: 0 if the round carried straight on from the last
+    # one, else the length of the output suffix that re-aligned to the prediction after the output departed
+    match_len: int | None = None
     layers: int | None = None  # early-exit: how many of the target's layers drafted
     total_layers: int | None = None  # early-exit: the target's layer count
     draft_pieces: list[str] | None = None  # cross: the draft model's own tokens (its own vocabulary)
@@ -80,7 +84,7 @@ class Round:
     round_ms: float = 0.0  # whole round wall time: draft + verify + bookkeeping and building this event
     totals: Totals = field(default_factory=Totals)
     stop_reason: str | None = None  # "eos" or "max_new_tokens" on the final round
-    top_k: int = 8  # how many candidates q_top / p_top / residual_top carry per position (fewer = rest is 0)
+    top_k: int = 8  # candidates q_top / p_top / residual_top carry per position (fewer: the rest is 0; 0: none kept)
     note: DraftNote | None = None  # where the guesses came from (None: the draft model, for older traces)
 
     @property

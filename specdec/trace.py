@@ -360,7 +360,7 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
     if d.get("totals") is not None:
         _check_totals(d["totals"], f"{where}.totals")
     if "top_k" in d:
-        _whole(d["top_k"], f"{where}.top_k", 1, 1000)
+        _whole(d["top_k"], f"{where}.top_k", 0, 1000)  # 0: the run carried no candidate lists
     if d.get("note") is not None:
         _check_note(d["note"], f"{where}.note")
     stop = d.get("stop_reason")

@@ -444,3 +444,13 @@ def test_a_round_that_drafted_nothing_round_trips(tiny_pair):
     list(dec)
     assert [r.gamma for r in dec.rounds] == [0] * 5 and all(r.is_bonus for r in dec.rounds)
     assert load_trace(dumps_trace(dec.record())).rounds == dec.rounds
+
+
+def test_a_run_without_candidate_lists_round_trips(tiny_pair):
+    dec = SpeculativeDecoder(tiny_pair, PROMPT, SETTINGS, top_k=0)
+    list(dec)
+    assert all(r.top_k == 0 and r.p_top == [[]] * (r.gamma + 1) for r in dec.rounds)
+    with_lists = SpeculativeDecoder(tiny_pair, PROMPT, SETTINGS)
+    list(with_lists)
+    assert dec.generated_ids == with_lists.generated_ids  # display work never touches the sampling
+    assert load_trace(dumps_trace(dec.record())).rounds == dec.rounds
