@@ -159,7 +159,10 @@ def smollm2_source_dir() -> Path:
 def smollm2_folder() -> Path:
     """The SmolLM2 draft as a safetensors folder under the specdec cache dir, converted from the GGUF on first use
     (built in a temp dir and renamed in one step, as the embedded pair is)."""
-    from ..models import cache_dir
+    try:
+        from ..embedded import cache_dir
+    except ImportError:  # before the embedded-model code had its own module
+        from ..models import cache_dir
 
     final = cache_dir() / f"{SMOLLM2_SLUG}-v{SMOLLM2_CACHE_FORMAT}"
     if (final / "specdec.json").exists():
