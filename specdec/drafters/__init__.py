@@ -5,8 +5,10 @@ A deterministic proposal (copied or re-tokenized text) has a one-hot q: the rule
 probability p(x) and repairs from p with x removed, which is exact at any temperature. A drafter may propose
 nothing (tokens of length 0): the round is then a plain target step (its "bonus" token is drawn from p).
 `make_drafter` picks one by `DecodeSettings.drafter`: "model" (model.py), "ngram" (prompt lookup, ngram.py),
-"early-exit" (the target's first layers, early_exit.py), "cross" (a draft with another tokenizer, cross.py).
-Every drafter works with every warp and gamma policy, except the pairs in REFUSED (ngram has no confidence).
+"early-exit" (the target's first layers, early_exit.py), "cross" (a draft with another tokenizer, cross.py),
+"predicted" (the user's expected output, predicted.py).
+Every drafter works with every warp and gamma policy, except the pairs in REFUSED (ngram and predicted have no
+confidence).
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ REFUSED = {
                              "the ngram drafter has no such probability: it copies text, so its q is 1 on every "
                              "guess and the policy would never stop it (the same as fixed); choose fixed, "
                              "heuristic or expected",
+    ("predicted", "confidence"): "the confidence policy ends a draft after a guess the draft model is unsure of, "
+                                 "and the predicted drafter has no such probability: it copies the prediction, so "
+                                 "its q is 1 on every guess and the policy would never stop it (the same as fixed); "
+                                 "choose fixed, heuristic or expected",
 }
 
 
@@ -109,6 +115,11 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
 
         return CrossTokenizerDrafter(pair.tokenizer, cross_draft or load_cross_draft(pair), pair.vocab_size,
                                      prompt_ids, threshold)
+    if settings.drafter == "predicted":
+        from .predicted import PredictedDrafter, tokenize_prediction
+
+        return PredictedDrafter(tokenize_prediction(pair.tokenizer, settings.prediction), pair.vocab_size,
+                                pair.device, settings.ngram_max, settings.ngram_min, pair.eos_token_ids)
     from ..errors import InvalidInputError
 
     raise InvalidInputError(f"unknown drafter {settings.drafter!r}")
