@@ -1,0 +1,104 @@
+"""The race engine on the tiny pair: interleaving, identical texts at T = 0, speedups against the race's own plain
+lane, records, lane parsing; and its rendering."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from specdec.decoder import DecodeSettings, plain_decode
+from specdec.drafter_bench import GROUNDED
+from specdec.errors import InvalidInputError
+from specdec.race import LaneSpec, Race, parse_lanes
+from specdec.sampling import SamplingConfig
+
+ALL = "model:4, ngram:8, early-exit:3, cross:4:expected"
+
+
+@pytest.fixture(scope="module")
+def no_eos(tiny_pair):
+    return dataclasses.replace(tiny_pair, eos_token_ids=())
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_parse_lanes():
+    assert parse_lanes("model:4, ngram:8, ngram:auto, cross:3:confidence, early-exit") == [
+        LaneSpec("model", 4), LaneSpec("ngram", 8), LaneSpec("ngram", 4, "expected"),
+        LaneSpec("cross", 3, "confidence"), LaneSpec("early-exit", 4)]
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "at least one"), ("plain", "drafter"), ("model:fast", "neither a gamma"), ("ngram:4:9:1", "drafter"),
+    (",".join(["model"] * 7), "at most 6"),
+])
+def test_parse_lanes_refuses_bad_text(text, match):
+    with pytest.raises(InvalidInputError, match=match):
+        parse_lanes(text)
+
+
+def test_greedy_race_lanes_write_the_same_text_interleaved(no_eos):
+    race = Race(no_eos, GROUNDED[0]["prompt"], DecodeSettings(max_new_tokens=30, chat=True), parse_lanes(ALL))
+    updates = list(race)
+    # Round-robin: while every lane runs, the lanes take turns 0, 1, 2, ...
+    n = len(race.lanes)
+    assert [u.lane for u in updates[: 3 * n]] == list(range(n)) * 3
+    assert race.texts_identical and "Temperature 0" in race.note
+    ref = plain_decode(no_eos, GROUNDED[0]["prompt"], DecodeSettings(max_new_tokens=30, chat=True)).ids
+    assert all(lane.ids == ref for lane in race.lanes)
+    plain = race.lanes[0]
+    assert plain.target_passes == plain.tokens == 30 and plain.origins == ["target"] * 30
+    model = race.lanes[1]
+    assert model.target_passes < 30 and "guess" in model.origins  # the draft model saves target passes here
+    assert [lane.last_note.drafter for lane in race.lanes[1:]] == ["model", "ngram", "early-exit", "cross"]
+    # Updates carry each lane's running totals; the last per lane matches the lane.
+    last = {u.lane: u for u in updates}
+    for lane in race.lanes:
+        assert last[lane.index].tokens == lane.tokens and last[lane.index].done
+
+
+def test_speedup_is_against_the_plain_lane_of_the_race(no_eos):
+    race = Race(no_eos, "abcabc", DecodeSettings(max_new_tokens=12), parse_lanes("model:4"))
+    list(race)
+    plain, spec = race.lanes
+    # Planted timings: plain 10 ms per token; the speculative lane took 40 ms for its 12 tokens -> 3x.
+    plain.cum_ms = [10.0 * (i + 1) for i in range(12)]
+    plain.elapsed_ms = 120.0
+    spec.elapsed_ms = 40.0
+    assert race.speedup(1) == pytest.approx(3.0)
+    assert race.plain_ms_for(6) == (60.0, False)
+    assert race.plain_ms_for(24) == (240.0, True)  # beyond the plain lane: its rate so far
+    rec = race.records()[0]
+    assert rec.baseline_ms_per_token == pytest.approx(10.0) and rec.label == spec.spec.label
+    assert rec.generated_ids == spec.ids
+    summary = race.summary()
+    assert summary["lanes"][1]["speedup"] == pytest.approx(3.0) and summary["texts_identical"]
+    assert race.plain_result().ids == plain.ids and race.plain_result().ms_per_token == pytest.approx(10.0)
+
+
+def test_sampled_race_says_why_texts_differ(no_eos):
+    race = Race(no_eos, "abcabc", DecodeSettings(max_new_tokens=24, sampling=SamplingConfig(temperature=1.0), seed=5),
+                parse_lanes("model:4, ngram:4"))
+    list(race)
+    assert not race.texts_identical
+    assert "exact sample" in race.note and "random numbers" in race.note
+
+
+def test_refused_lane_names_the_lane(tiny_pair):
+    with pytest.raises(InvalidInputError, match="lane 'ngram lookup · γ confidence.*confidence"):
+        Race(tiny_pair, "abc", DecodeSettings(), parse_lanes("ngram:confidence"))
+
+
+def test_finished_race_refuses_another_step(no_eos):
+    race = Race(no_eos, "ab", DecodeSettings(max_new_tokens=2), parse_lanes("ngram:2"))
+    list(race)
+    with pytest.raises(InvalidInputError, match="finished"):
+        race.step()
