@@ -55,10 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: 65536 for large vocabularies")
     g.add_argument("--drafter", default="model", choices=list(DRAFTERS),
                    help="who proposes the guesses: the draft model, n-gram prompt lookup, the target's first "
-                        "layers (early exit), or a draft with another tokenizer (cross)")
+                        "layers (early exit), a draft with another tokenizer (cross), or --prediction (predicted)")
     g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix matched (tried first)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix matched")
     g.add_argument("--exit-layer", type=int, default=0, help="early-exit: layers that draft (0 = a quarter)")
+    pg = g.add_mutually_exclusive_group()
+    pg.add_argument("--prediction", metavar="TEXT", default="", help="predicted: the text you expect the output to be")
+    pg.add_argument("--prediction-file", metavar="F", help="predicted: read the expected output from file F (UTF-8)")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--trace", metavar="FILE", help="write the run as a specdec trace (JSON) to FILE")
     _add_sampling_args(g)
@@ -92,7 +95,21 @@ def decode_settings(args):
         ngram_max=args.ngram_max,
         ngram_min=args.ngram_min,
         exit_layer=args.exit_layer,
+        prediction=_prediction(args),
     ).validate()
+
+
+def _prediction(args) -> str:
+    """--prediction TEXT or the contents of --prediction-file F (an unreadable file is refused clearly)."""
+    path = getattr(args, "prediction_file", None)
+    if not path:
+        return getattr(args, "prediction", "") or ""
+    from .errors import InvalidInputError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"cannot read the prediction file {path!r}: {exc}") from None
 
 
 def load_from_args(args):
