@@ -38,6 +38,7 @@ from specdec.models import PAIRS
 from specdec.trace import MAX_TRACE_BYTES
 from ui.controls import Number, Slider, drafter_choices, policy_choices
 from ui.learn_tab import build_learn_tab
+from ui.race import build_race_tab
 from ui.loader import PairLoader
 from ui.playground import Playground, env_request, guarded
 
@@ -168,6 +169,8 @@ def build_demo(pg: Playground) -> gr.Blocks:
 
             with gr.Tab("Learn", id="learn"):
                 build_learn_tab(recorded, get_pair=pg.current_pair)
+            with gr.Tab("Race", id="race"):
+                build_race_tab(get_pair=pg.current_pair)
 
         # ------------------------------------------------------------------------------------------ wiring
         # drafter and policy last: API callers that send the first eleven get their defaults

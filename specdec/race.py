@@ -160,6 +160,19 @@ class RaceUpdate:
     round: Round | None = None  # the round a speculative lane just ran
 
 
+@dataclass
+class RaceView:
+    """Everything a renderer needs after a step (components/race.py): plain data, no models."""
+
+    prompt_pieces: list[str]
+    lanes: list[Lane]
+    speedups: list[float | None]
+    estimated: list[bool]  # speedup estimated from the plain lane's rate (it has fewer tokens yet)
+    note: str
+    done: bool
+    max_new_tokens: int
+
+
 class Race:
     """Plain lane 0 plus one lane per LaneSpec; `step()` advances the next unfinished lane, `for u in race` runs all."""
 
@@ -277,6 +290,16 @@ class Race:
         return ("Temperature > 0: each lane is an exact sample from the target at these settings. The texts differ "
                 "because each lane spends its seeded random numbers differently (draft samples, acceptance draws, "
                 "repairs), so the same seed gives different, equally valid samples.")
+
+    def view(self) -> RaceView:
+        if not hasattr(self, "_prompt_pieces"):
+            self._prompt_pieces = self.pair.tokenizer.batch_decode([[t] for t in self.prompt_ids])
+        estimated = []
+        for lane in self.lanes:
+            base = self.plain_ms_for(lane.tokens)
+            estimated.append(bool(base and base[1]) and not lane.plain)
+        return RaceView(self._prompt_pieces, self.lanes, [self.speedup(i) for i in range(len(self.lanes))], estimated,
+                        self.note, self.done, self.settings.max_new_tokens)
 
     def plain_result(self) -> BaselineResult:
         lane = self.lanes[0]
