@@ -61,6 +61,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", default="bench-results/bench.json")
     ap.add_argument("--overhead", action="store_true", help="per-round time outside the model forward passes, "
                     "by category (JSON to bench-results/overhead.json unless --out)")
+    ap.add_argument("--predicted", action="store_true", help="light edits, the original text as the prediction: "
+                    "predicted drafter vs plain and ngram (JSON to bench-results/predicted.json unless --out)")
     ap.add_argument("--batch", default=None, help="e.g. 1,2,4,8,16: batched speculative vs plain batched decoding "
                     "per batch size (latency vs throughput; JSON to bench-results/batch.json unless --out)")
 
@@ -336,6 +338,9 @@ def cmd_bench(args, load) -> int:
     if args.batch:  # batched decoding has its own measurement
         from .batch_bench import cmd_batch_bench
         return cmd_batch_bench(args, load)
+    if getattr(args, "predicted", False):  # predicted output has its own edit tasks
+        from .predicted_bench import cmd_predicted_bench
+        return cmd_predicted_bench(args, load)
     if args.overhead:  # per-round time outside the forward passes has its own measurement
         from .overhead import cmd_overhead
         return cmd_overhead(args, load)

@@ -245,3 +245,24 @@ def test_real_pair_greedy_equals_plain_greedy(real_pair_fp32):
         assert dec.generated_ids == ref.ids, name
         if name == "right":  # nearly every guess kept: far fewer target passes than tokens
             assert dec.totals.target_passes <= len(ref.ids) // 3, [r.n_accepted for r in rounds]
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+
+
+def test_coverage_counts_output_tokens_shared_in_order_with_the_prediction():
+    from specdec.predicted_bench import coverage
+
+    assert coverage([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert coverage([1, 2, 9, 4, 5], [1, 2, 3, 4, 5]) == 0.8  # one token edited
+    assert coverage([7, 8], [1, 2]) == 0.0 and coverage([], [1]) == 0.0
+
+
+def test_bench_task_row_on_the_tiny_pair(tiny_pair):
+    from specdec.predicted_bench import pooled, run_task
+
+    row = run_task(tiny_pair, "def f(x):\n    return x\n", "def f(x):\n    return x\n", 4, 12, 1, 0)
+    assert all(row[k]["same_text"] and row[k]["tokens"] == row["tokens"] for k in ("plain", "ngram", "predicted"))
+    assert row["plain"]["tokens_per_pass"] == 1.0 and row["predicted"]["passes"] <= row["tokens"]
+    p = pooled([row])
+    assert p["predicted/plain"] == pytest.approx(row["predicted"]["tok_s"] / row["plain"]["tok_s"])

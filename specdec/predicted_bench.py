@@ -1,0 +1,192 @@
+"""Predicted-output benchmark (`python -m specdec bench --predicted`): light edits of a given text, where the user
+can hand the original text to the decoder as the expected output.
+
+Per edit task, greedy, interleaved and rotated round-robin (plain, ngram, predicted, then ngram, predicted, plain,
+...) on the same pair, prompt and gamma:
+- plain: our target-only decoding (specdec.decoder.plain_decode);
+- ngram: prompt lookup WITHOUT a prediction (the original text is in the prompt, so it can copy from it too);
+- predicted: the original text as the prediction.
+Reported per task and pooled: how much of the output the prediction covers (tokens of the output inside blocks
+that also occur, in order, in the prediction, by difflib), tokens per target pass, tok/s, and the predicted
+drafter's speedup over plain and over ngram. The headline pools only the tasks whose output is >= 80 % covered
+(the case predicted output is for); the others are listed, not hidden.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, plain_decode
+from .errors import InvalidInputError
+
+DEFAULT_OUT = "bench-results/predicted.json"
+MIN_COVERAGE = 0.8
+CONTENDERS = ("plain", "ngram", "predicted")
+
+_SCALE = '''def scale(values, factor):
+    out = []
+    for v in values:
+        out.append(v * factor)
+    return out
+'''
+_TOTAL = '''def total_price(items, tax_rate):
+    """Sum the prices of the items and add the tax."""
+    t = 0.0
+    for item in items:
+        t += item["price"] * item["quantity"]
+    return round(t * (1 + tax_rate), 2)
+'''
+_WORDS = '''def count_words(path):
+    counts = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            for word in line.lower().split():
+                word = word.strip(".,;:!?\\"'()")
+                if word:
+                    counts[word] = counts.get(word, 0) + 1
+    return sorted(counts.items(), key=lambda kv: kv[1], reverse=True)
+'''
+_PARA = ("The lighthouse stood on a rock at the edge of the bay. Every evening the keeper climbed the stairs, "
+         "lit the lamp and wrote the weather in his log. Ships passed in the night and never knew his name, but "
+         "they trusted the light, and that was enough for him.")
+
+
+def _fenced(code: str) -> str:
+    return f"```python\n{code}```"
+
+
+# (name, chat request, prediction). The prediction is what the user expects back: the original text, as the model
+# will quote it (code in a fence).
+TASKS = [
+    ("rename a variable", f"Rename the variable `t` to `subtotal` in this function. Reply with the code only.\n\n"
+                          f"{_fenced(_TOTAL)}", _fenced(_TOTAL)),
+    ("add type hints", f"Add type hints to this function and change nothing else. Reply with the code only.\n\n"
+                       f"{_fenced(_SCALE)}", _fenced(_SCALE)),
+    ("add a docstring", f"Add a one-line docstring to this function and change nothing else. Reply with the code "
+                        f"only.\n\n{_fenced(_WORDS)}", _fenced(_WORDS)),
+    ("fix one word", f"Replace the word \"rock\" with \"cliff\" in this paragraph and change nothing else. Reply with "
+                     f"the paragraph only.\n\n{_PARA}", _PARA),
+]
+
+
+def coverage(output_ids: list[int], prediction_ids: list[int]) -> float:
+    """Share of the output's tokens that lie in blocks it shares, in order, with the prediction."""
+    if not output_ids:
+        return 0.0
+    sm = difflib.SequenceMatcher(None, prediction_ids, output_ids, autojunk=False)
+    return sum(b.size for b in sm.get_matching_blocks()) / len(output_ids)
+
+
+def _timed_spec(pair, prompt, s: DecodeSettings) -> dict:
+    from .bench import TIMED_TOP_K  # display candidates built as the app builds them, as the main bench does
+
+    t0 = time.perf_counter()
+    dec = SpeculativeDecoder(pair, prompt, s, top_k=TIMED_TOP_K)
+    for _ in dec:
+        pass
+    secs = time.perf_counter() - t0
+    t = dec.totals
+    return {"ids": dec.generated_ids, "seconds": secs, "tokens": len(dec.generated_ids), "passes": t.target_passes,
+            "drafted": t.drafted, "accepted": t.accepted}
+
+
+def _timed_plain(pair, prompt, s: DecodeSettings) -> dict:
+    t0 = time.perf_counter()
+    res = plain_decode(pair, prompt, s)
+    secs = time.perf_counter() - t0
+    return {"ids": res.ids, "seconds": secs, "tokens": len(res.ids), "passes": len(res.ids), "drafted": 0,
+            "accepted": 0}
+
+
+def run_task(pair, request: str, prediction: str, gamma: int, max_new: int, repeats: int, offset: int) -> dict:
+    """All contenders on one task, `repeats` times, in an order rotated by repeat and task; medians of the times."""
+    prompt = [{"role": "user", "content": request}]
+    base = DecodeSettings(max_new_tokens=max_new, chat=True, gamma=gamma)
+    settings = {"plain": base, "ngram": DecodeSettings(max_new_tokens=max_new, chat=True, gamma=gamma, drafter="ngram"),
+                "predicted": DecodeSettings(max_new_tokens=max_new, chat=True, gamma=gamma, drafter="predicted",
+                                            prediction=prediction)}
+    runs: dict[str, list[dict]] = {k: [] for k in CONTENDERS}
+    for r in range(repeats):
+        k = (r + offset) % len(CONTENDERS)
+        for name in CONTENDERS[k:] + CONTENDERS[:k]:
+            fn = _timed_plain if name == "plain" else _timed_spec
+            runs[name].append(fn(pair, prompt, settings[name]))
+    ref = runs["plain"][0]["ids"]
+    pred_ids = pair.tokenizer(prediction, add_special_tokens=False)["input_ids"]
+    row = {"coverage": coverage(ref, pred_ids), "tokens": len(ref), "prompt_tokens": len(encode_prompt(
+        pair.tokenizer, prompt, True)), "text": pair.tokenizer.decode(ref, skip_special_tokens=True)}
+    for name, rs in runs.items():
+        secs = sorted(x["seconds"] for x in rs)[len(rs) // 2]
+        x = rs[0]  # greedy: every repeat commits the same tokens in the same rounds
+        row[name] = {"seconds": secs, "tokens": x["tokens"], "passes": x["passes"],
+                     "tok_s": x["tokens"] / secs if secs else 0.0,
+                     "tokens_per_pass": x["tokens"] / x["passes"] if x["passes"] else 0.0,
+                     "acceptance": x["accepted"] / x["drafted"] if x["drafted"] else None,
+                     "same_text": all(y["ids"] == ref for y in rs)}
+    return row
+
+
+def pooled(rows: list[dict]) -> dict | None:
+    """Totals over tasks: tokens over the summed median times, tokens over summed target passes."""
+    if not rows:
+        return None
+    out = {}
+    for name in CONTENDERS:
+        tokens = sum(r[name]["tokens"] for r in rows)
+        secs = sum(r[name]["seconds"] for r in rows)
+        passes = sum(r[name]["passes"] for r in rows)
+        out[name] = {"tok_s": tokens / secs if secs else 0.0, "tokens_per_pass": tokens / passes if passes else 0.0}
+    out["predicted/plain"] = out["predicted"]["tok_s"] / out["plain"]["tok_s"]
+    out["predicted/ngram"] = out["predicted"]["tok_s"] / out["ngram"]["tok_s"]
+    out["ngram/plain"] = out["ngram"]["tok_s"] / out["plain"]["tok_s"]
+    return out
+
+
+def cmd_predicted_bench(args, load) -> int:
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if not str(args.gamma).isdigit():
+        raise InvalidInputError(f"--predicted takes a fixed --gamma (a whole number), got {args.gamma!r}")
+    gamma = int(args.gamma)
+    max_new = args.max_new_tokens or (48 if args.quick else 160)
+    repeats = args.repeats or (1 if args.quick else 2)
+    tasks = TASKS[:1] if args.quick else TASKS
+    pair = load()
+    warm = DecodeSettings(max_new_tokens=2)
+    plain_decode(pair, "def f(x):", warm)  # first calls pay one-time allocation costs; keep them out
+    rows = []
+    for i, (name, request, prediction) in enumerate(tasks):
+        log(f"[{i + 1}/{len(tasks)}] {name}")
+        row = run_task(pair, request, prediction, gamma, max_new, repeats, i)
+        row["task"] = name
+        rows.append(row)
+    covered = [r for r in rows if r["coverage"] >= MIN_COVERAGE]
+    result = {"models": pair.describe(), "gamma": gamma, "max_new_tokens": max_new, "repeats": repeats,
+              "torch_threads": torch.get_num_threads(), "min_coverage": MIN_COVERAGE, "tasks": rows,
+              "pooled_covered": pooled(covered), "pooled_all": pooled(rows)}
+    print(f"greedy, gamma = {gamma}, up to {max_new} new tokens, median of {repeats} interleaved repeat(s)")
+    print(f"{'task':18s} {'cover':>5s} {'tok':>4s} | {'tok/s plain':>11s} {'ngram':>6s} {'pred':>6s} | "
+          f"{'tok/pass ngram':>14s} {'pred':>5s} | {'pred/plain':>10s} {'pred/ngram':>10s} {'same':>4s}")
+    for r in rows:
+        pl, ng, pr = r["plain"], r["ngram"], r["predicted"]
+        same = pr["same_text"] and ng["same_text"] and pl["same_text"]
+        print(f"{r['task']:18s} {r['coverage']:5.0%} {r['tokens']:4d} | {pl['tok_s']:11.2f} {ng['tok_s']:6.2f} "
+              f"{pr['tok_s']:6.2f} | {ng['tokens_per_pass']:14.2f} {pr['tokens_per_pass']:5.2f} | "
+              f"{pr['tok_s'] / pl['tok_s']:10.2f} {pr['tok_s'] / ng['tok_s']:10.2f} {'yes' if same else 'NO':>4s}")
+    for label, key in ((f"pooled, coverage >= {MIN_COVERAGE:.0%} ({len(covered)} tasks)", "pooled_covered"),
+                       (f"pooled, all tasks ({len(rows)})", "pooled_all")):
+        p = result[key]
+        if p:
+            print(f"{label}: tokens/pass ngram {p['ngram']['tokens_per_pass']:.2f}, predicted "
+                  f"{p['predicted']['tokens_per_pass']:.2f}; speedup predicted/plain {p['predicted/plain']:.2f}x, "
+                  f"predicted/ngram {p['predicted/ngram']:.2f}x, ngram/plain {p['ngram/plain']:.2f}x")
+    out = Path(DEFAULT_OUT if args.out == "bench-results/bench.json" else args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    log(f"wrote {out}")
+    return 0
