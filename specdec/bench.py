@@ -59,6 +59,9 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     help="our loop's draft head: ids below N plus EOS and the text's own tokens; 0 = full "
                          "vocabulary; default: 65536 for large vocabularies")
     ap.add_argument("--out", default="bench-results/bench.json")
+    ap.add_argument("--drafter", choices=["model", "ngram", "early-exit", "cross"], default=None,
+                    help="one drafter against transformers' own equivalent, plain generate() and our plain decoding, "
+                         "on the input-grounded prompts (specdec/drafter_bench.py)")
     ap.add_argument("--overhead", action="store_true", help="per-round time outside the model forward passes, "
                     "by category (JSON to bench-results/overhead.json unless --out)")
     ap.add_argument("--predicted", action="store_true", help="light edits, the original text as the prediction: "
@@ -335,6 +338,9 @@ def render_overhead(runs: list[list[Round]], costs, log) -> dict:
 
 def cmd_bench(args, load) -> int:
     """`load()` returns the pair the command line asked for (the CLI owns model arguments)."""
+    if getattr(args, "drafter", None):  # one drafter against its transformers equivalent
+        from .drafter_bench import cmd_drafter_bench
+        return cmd_drafter_bench(args, load)
     if args.batch:  # batched decoding has its own measurement
         from .batch_bench import cmd_batch_bench
         return cmd_batch_bench(args, load)
