@@ -44,7 +44,8 @@ def _delay_alphas(runs: Sequence[PlacedRun]) -> list[tuple[float, str]]:
 
 def breakeven_figure(costs: Costs | None, drafter: str, runs: Sequence[PlacedRun] = ()) -> go.Figure:
     """Left: predicted speedup heat map (contour at 1x, best γ per α, runs as markers labelled with their measured
-    speedup). Right: expected ms per emitted token against γ, with plain decoding's ms per token as the line to beat."""
+    speedup). Right: expected ms per emitted token against γ, with plain decoding's ms per token as the line to
+    beat."""
     if costs is None:
         return empty_figure("Press “Measure this machine” to time the loaded pair.")
     if drafter not in costs.draft_ms:
@@ -141,7 +142,7 @@ def advice_html(costs: Costs, drafter: str, runs: Sequence[PlacedRun]) -> str:
         '<table class="learn-table be-table" id="be-advice"><tr><th>run</th><th>drafter</th><th>α</th>'
         "<th>mean γ</th><th>measured</th><th>map predicts</th><th>recommended γ at this α</th></tr>"
         f"{''.join(rows)}</table>"
-        '<p class="learn-note">α and mean γ come from each run\'s own metrics (accepted ÷ tested guesses; drafted ÷ '
-        "rounds). The map assumes independent acceptances; a measured speedup far from its prediction usually means "
-        "acceptance varied along the text, or the run's timings were taken under other load.</p>"
+        '<p class="learn-note">α and mean γ come from each run\'s own metrics (accepted ÷ tested guesses; '
+        "drafted ÷ rounds). The map assumes independent acceptances; a measured speedup far from its prediction "
+        "usually means acceptance varied along the text, or the run's timings were taken under other load.</p>"
     )

@@ -114,7 +114,8 @@ def zoo_result_html(res: ZooResult) -> str:
     test_note = f" ({html.escape(res.test.note)})" if res.test.note else ""
     return (
         f"{notes}"
-        f'<div class="learn-result learn-{kind} zoo-result" data-verdict="{html.escape(res.verdict)}">'
+        f'<div class="learn-result learn-{kind} zoo-result" data-key="{html.escape(e.key)}" '
+        f'data-verdict="{html.escape(res.verdict)}">'
         f'<div class="learn-pvalue zoo-verdict">{html.escape(res.verdict.upper())} · p-value = '
         f"{format_p_value(res.test.p_value)}</div>"
         f'<div class="zoo-verdict-line">{html.escape(verdict_line(res))}</div>'

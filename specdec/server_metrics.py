@@ -17,6 +17,10 @@ only in a run's last round).
 from __future__ import annotations
 
 import json
+import re
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
 from .events import ACCEPTED
@@ -118,3 +122,12 @@ def dumps(record: RunRecord) -> str:
     if data["vllm"]["draft_acceptance_rate"] != data["vllm"]["draft_acceptance_rate"]:
         data["vllm"]["draft_acceptance_rate"] = None
     return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def write_file(record: RunRecord, folder: str | Path) -> Path:
+    """Write dumps(record) to a new file in folder (for a download button); returns its path."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", record.pair.name or "run").strip("-")[:40] or "run"
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=Path(folder), suffix=".json", delete=False,
+                                     prefix=f"specdec-server-metrics-{slug}-{time.strftime('%Y%m%d-%H%M%S')}-") as fh:
+        fh.write(dumps(record))
+    return Path(fh.name)

@@ -132,7 +132,8 @@ class ZooEntry:
 
 def _needs_sampling(cfg: SamplingConfig) -> tuple[SamplingConfig, str | None]:
     if cfg.greedy:
-        return replace(cfg, temperature=1.0), "temperature was 0 (greedy); this bug needs sampling, so temperature 1 was used"
+        return replace(cfg, temperature=1.0), ("temperature was 0 (greedy); this bug needs sampling, so temperature 1 "
+                                               "was used")
     return cfg, None
 
 

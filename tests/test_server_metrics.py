@@ -110,3 +110,12 @@ def test_json_round_trip_and_a_run_with_no_drafts(records, tiny_pair):
     assert data["vllm"]["num_drafts"] == 0 and data["vllm"]["mean_acceptance_length"] == 1.0
     assert data["vllm"]["draft_acceptance_rate"] is None
     assert math.isnan(sm.export(plain)["vllm"]["draft_acceptance_rate"])
+
+
+def test_download_file(records, tmp_path):
+    from ui.learn_extras import server_metrics_file
+
+    path = sm.write_file(records["model"], tmp_path)
+    assert json.loads(path.read_text()) == json.loads(sm.dumps(records["model"]))
+    assert server_metrics_file([]) is None
+    assert json.loads(Path(server_metrics_file([records["ngram"]])).read_text())["source"]["drafter"] == "ngram"

@@ -1,0 +1,88 @@
+"""The bug zoo and the break-even map in headless Chromium against `python app.py` on the tiny pair.
+
+Run under the shared lock: `flock /tmp/specdec-heavy.lock pytest -m browser tests/test_browser_zoo.py`.
+Screenshots go to docs/screenshots/zoo.png and docs/screenshots/breakeven.png.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from components.zoo import ZOO_CHOICES
+from specdec import zoo
+from tests.test_browser_learn import _open_learn, _record_a_run, _wait_text
+
+pytestmark = pytest.mark.browser
+SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+LABELS = {key: label for label, key in ZOO_CHOICES}
+EXPECTED = {key: "exact" if key == "none" else ("hidden" if key == "bf16-draw" else "caught") for key in zoo.ENTRIES}
+
+
+def _pick(page, selector: str, label: str) -> None:
+    page.locator(f"{selector} input").click()
+    page.get_by_role("option", name=label, exact=True).click()
+
+
+def _shot(page, selector: str, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    el = page.locator(selector).first
+    el.scroll_into_view_if_needed()
+    page.wait_for_timeout(400)  # let Plotly finish its transition before the picture
+    el.screenshot(path=str(SHOTS / name))
+
+
+def test_every_zoo_entry_shows_its_verdict_at_the_default_n(page, app_url):
+    _open_learn(page, app_url)
+    n = page.locator("#learn-lab-n input").input_value()
+    assert n == "20000", n  # the lab's default N
+    for key, verdict in EXPECTED.items():
+        _pick(page, "#learn-zoo-key", LABELS[key])
+        page.click("#learn-zoo-run")
+        text = _wait_text(page, "#learn-zoo-result", rf"^{verdict.upper()} · p-value", timeout=60_000)
+        assert "N = 20,000" in text or verdict == "exact", text
+        if verdict == "hidden":
+            # It cannot be seen at this N, and the note says which N would.
+            assert re.search(r"needs about [\d.]+ million rounds for even odds", text), text
+        if verdict == "caught":
+            assert "p-value 0" in text or re.search(r"p-value [\d.e-]+ < 0.001", text), text
+        assert page.locator("#learn-zoo-result .zoo-ref a").count() == 1
+        assert page.locator("#learn-zoo-plot .js-plotly-plot").count() == 1
+    # The overview: every entry at once, same N.
+    page.click("#learn-zoo-all")
+    page.wait_for_selector("#learn-zoo-table tr.zoo-row", timeout=60_000)
+    rows = page.locator("#learn-zoo-table tr.zoo-row")
+    assert rows.count() == len(EXPECTED)
+    got = {rows.nth(i).get_attribute("data-key"): rows.nth(i).get_attribute("data-verdict")
+           for i in range(rows.count())}
+    assert got == EXPECTED
+    # The picture: the top-k bug, with the table below it.
+    _pick(page, "#learn-zoo-key", LABELS["q-before-topk"])
+    page.click("#learn-zoo-run")
+    _wait_text(page, "#learn-zoo-result", r"^CAUGHT")
+    _shot(page, "#learn-zoo-section", "zoo.png")
+
+
+def test_zoo_on_the_real_rows(page, app_url):
+    _open_learn(page, app_url)
+    _pick(page, "#learn-zoo-real-key", LABELS["target-not-warped"])
+    page.click("#learn-zoo-real-run")
+    text = _wait_text(page, "#learn-zoo-real-result", r"CAUGHT · p-value", timeout=120_000)
+    assert "Real rows at your prefix" in text
+
+
+def test_breakeven_map_places_a_run(page, app_url):
+    page.goto(app_url)
+    _record_a_run(page)
+    page.get_by_role("tab", name="Learn").click()
+    page.wait_for_selector("#learn-be-measure", timeout=30_000)
+    page.locator("#learn-be-measure").scroll_into_view_if_needed()
+    page.click("#learn-be-measure")
+    _wait_text(page, "#learn-be-result", r"Measured on this machine", timeout=120_000)
+    page.click("#learn-be-place")
+    text = _wait_text(page, "#learn-be-result", r"recommended γ at this α")
+    assert page.locator("#be-advice tr.be-run").count() >= 1, text
+    assert page.locator("#learn-be-plot .js-plotly-plot").count() == 1
+    _shot(page, "#learn-be-section", "breakeven.png")
