@@ -9,14 +9,20 @@ from __future__ import annotations
 import torch
 
 
-def tiny_tokenizer():
-    """A character-level tokenizer with no files to fetch, for fast tests and the browser test pair."""
+def tiny_tokenizer(vocab_size: int = 0):
+    """A character-level tokenizer with no files to fetch, for fast tests and the browser test pair.
+
+    vocab_size > 101 pads the vocabulary with filler entries "<|fill:N|>" that text never encodes to, so
+    random-weight models with a real vocabulary width (e.g. Qwen's 151 936) can be timed with it.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_end|>", "<|im_start|>", "<unk>"]
     chars = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
-    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    base = specials + chars
+    filler = [f"<|fill:{i}|>" for i in range(len(base), vocab_size)]
+    vocab = {tok: i for i, tok in enumerate(base + filler)}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tk.decoder = decoders.Fuse()

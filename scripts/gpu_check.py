@@ -1,0 +1,361 @@
+"""One prepared run of the engine on a GPU: exactness on CUDA, then the costs that decide the speedup there.
+
+    python scripts/gpu_check.py                      # on the device machine: CUDA, fp32 + bf16, <= 8 minutes
+    python scripts/gpu_check.py --device cpu --short # the same code path in CI (< 1 minute), so it cannot rot
+
+No real weights travel to the device machine (64 MiB upload), so:
+  * exactness runs on the tiny random-weight pair, in fp32 and bf16: greedy equality of speculative vs plain
+    decoding, a chi-square of the first emitted token of many independent rounds against the target's exact
+    distribution, and a cache rollback check (crop then refeed == one fresh pass);
+  * timings run on random-weight models built from the real Qwen2.5-Coder 1.5B (target) and 0.5B (draft) configs
+    (weights do not change the cost of a forward pass): a target pass over k = 1..16 new tokens after a
+    128-token prefix, a draft pass (reduced and full vocabulary head), c, plain per-token costs, and the loop's
+    overhead per round by category (specdec.overhead).
+Every timed region is bracketed by torch.cuda.synchronize. Writes one JSON ($OUT/gpu-check.json when $OUT is set)
+and prints a summary; exits 1 when an exactness check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+# The real configs (from the converted embedded pair; the upstream hub configs have the same shapes).
+QWEN_COMMON = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "vocab_size": 151936,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "attention_dropout": 0.0,
+    "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28, "bos_token_id": 151643,
+    "eos_token_id": 151645, "pad_token_id": 151643, "initializer_range": 0.02, "tie_word_embeddings": False,
+}
+TARGET_1_5B = {**QWEN_COMMON, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+               "num_attention_heads": 12, "num_key_value_heads": 2}
+DRAFT_0_5B = {**QWEN_COMMON, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+              "num_attention_heads": 14, "num_key_value_heads": 2}
+# --short shrinks every size so CI on two cores runs the same code path in seconds.
+SHORT_SHAPES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "vocab_size": 2048, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
+
+PROMPTS = ("def fibonacci(n):", "The history of the printing press begins", "Explain a hash map in one line.")
+CHI_PROMPT = "x = "
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed_ms(fn, dev: torch.device, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        sync(dev)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def med(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+# ------------------------------------------------------------------------------------------------ exactness
+
+
+def check_greedy(pair, cfg) -> dict:
+    from specdec.decoder import SpeculativeDecoder, plain_decode
+    from specdec.settings import DecodeSettings
+
+    rows = []
+    for prompt in PROMPTS[: cfg.prompts]:
+        for gamma in cfg.gammas:
+            s = DecodeSettings(gamma=gamma, max_new_tokens=cfg.greedy_tokens)
+            plain = plain_decode(pair, prompt, s).ids
+            dec = SpeculativeDecoder(pair, prompt, s)
+            for _ in dec:
+                pass
+            spec = dec.generated_ids
+            first_diff = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
+            if first_diff is None and len(plain) != len(spec):
+                first_diff = min(len(plain), len(spec))
+            rows.append({"prompt": prompt, "gamma": gamma, "equal": first_diff is None, "first_diff": first_diff,
+                         "tokens": len(spec), "rejections": sum(r.rejected_at is not None for r in dec.rounds)})
+    return {"runs": rows, "equal": sum(r["equal"] for r in rows), "of": len(rows)}
+
+
+@torch.inference_mode()
+def check_first_token(pair, cfg) -> dict:
+    """First emitted token of n independent rounds (gamma=2, T=1) vs the target's exact next-token distribution."""
+    from specdec.decoder import SpeculativeDecoder, encode_prompt
+    from specdec.kvcache import CachedLM
+    from specdec.lab import chi_square
+    from specdec.sampling import SamplingConfig, warp
+    from specdec.settings import DecodeSettings
+
+    sampling = SamplingConfig(temperature=1.0)
+    ids = encode_prompt(pair.tokenizer, CHI_PROMPT)
+    p0 = warp(CachedLM(pair.target, pair.vocab_size).logits_after(ids)[-1], sampling).double().cpu()
+    counts = torch.zeros(pair.vocab_size, dtype=torch.float64)
+    rejected = 0
+    t0 = time.perf_counter()
+    for seed in range(cfg.chi_rounds):
+        s = DecodeSettings(gamma=2, max_new_tokens=3, sampling=sampling, seed=1000 + seed)
+        rnd = SpeculativeDecoder(pair, CHI_PROMPT, s).step()
+        counts[rnd.committed_ids[0]] += 1
+        rejected += rnd.rejected_at == 0
+    test = chi_square(counts.numpy(), p0.numpy())
+    outside = int(counts[p0 <= 0].sum())
+    return {"rounds": cfg.chi_rounds, "first_guess_rejected": rejected, "p_value": test.p_value,
+            "statistic": test.statistic, "dof": test.dof, "outside_support": outside,
+            "seconds": time.perf_counter() - t0}
+
+
+@torch.inference_mode()
+def check_rollback(pair, dtype: torch.dtype) -> dict:
+    """Feed, crop back, refeed other tokens: the logits must equal one fresh pass over the final sequence."""
+    from specdec.kvcache import CachedLM
+
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randint(4, pair.vocab_size, (24,), generator=gen).tolist()
+    wrong = torch.randint(4, pair.vocab_size, (5,), generator=gen).tolist()
+    right = torch.randint(4, pair.vocab_size, (5,), generator=gen).tolist()
+    out = {}
+    for role, model, head in (("target", pair.target, 0), ("draft", pair.draft, 0),
+                              ("draft_reduced_head", pair.draft, pair.vocab_size // 2)):
+        lm = CachedLM(model, pair.vocab_size, head)
+        lm.feed(base)
+        lm.feed(wrong)
+        lm.crop(len(base) + 2)  # keep two of the wrong tokens, roll back three
+        kept = base + wrong[:2]
+        got = lm.feed(right, len(right)).float()
+        fresh = CachedLM(model, pair.vocab_size, head).feed(kept + right, len(right)).float()
+        finite = torch.isfinite(fresh)
+        diff = float((got[finite] - fresh[finite]).abs().max()) if finite.any() else 0.0
+        scale = float(fresh[finite].abs().max()) if finite.any() else 1.0
+        same_argmax = bool((got.argmax(-1) == fresh.argmax(-1)).all())
+        same_mask = bool((torch.isfinite(got) == finite).all())
+        tol = 1e-4 if dtype == torch.float32 else 3e-2  # relative to the largest logit
+        out[role] = {"max_abs_diff": diff, "relative": diff / max(scale, 1e-9), "same_argmax": same_argmax,
+                     "ok": same_mask and same_argmax and diff <= tol * max(scale, 1.0)}
+    return out
+
+
+def exactness(dev: torch.device, dtype_name: str, cfg) -> dict:
+    from dataclasses import replace
+
+    from specdec.models import load_pair
+
+    pair = load_pair("tiny", dtype=dtype_name, device=str(dev), shared=False)
+    # The tiny draft is the target plus a little noise (few rejections). For the distribution test the draft is an
+    # unrelated random model instead, so most first guesses are rejected and the repair path carries the test.
+    other = load_pair(target="tiny:target:1", draft="tiny:draft:1", dtype=dtype_name, device=str(dev), shared=False)
+    unrelated = replace(pair, draft=other.draft, draft_id=other.draft_id)
+    t0 = time.perf_counter()
+    res = {"greedy": check_greedy(pair, cfg), "first_token": check_first_token(unrelated, cfg),
+           "rollback": check_rollback(pair, pair.dtype)}
+    res["seconds"] = time.perf_counter() - t0
+    g, c = res["greedy"], res["first_token"]
+    # bf16 is not bit-exact between a 1-token and a k-token pass (different kernels/reductions): greedy equality
+    # is required in fp32 only; in bf16 it is reported.
+    res["ok"] = bool(
+        (g["equal"] == g["of"] or dtype_name != "float32")
+        and c["p_value"] >= cfg.p_min and c["outside_support"] == 0
+        and all(r["ok"] for r in res["rollback"].values())
+    )
+    return res
+
+
+# -------------------------------------------------------------------------------------------------- timings
+
+
+def random_pair(dev: torch.device, dtype: torch.dtype, short: bool):
+    """Random-weight target and draft with the real configs (shrunk with --short), sharing a padded tokenizer."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from specdec.models import ModelPair, eos_ids
+    from specdec.tiny import tiny_tokenizer
+
+    specs = [{**spec, **(SHORT_SHAPES if short else {})} for spec in (TARGET_1_5B, DRAFT_0_5B)]
+    vocab = specs[0]["vocab_size"]
+    tok = tiny_tokenizer(vocab)
+    models = []
+    for i, spec in enumerate(specs):
+        torch.manual_seed(i)
+        with torch.device(dev):
+            models.append(AutoModelForCausalLM.from_config(Qwen2Config(**spec), dtype=dtype).eval())
+    target, draft = models
+    return ModelPair(target, draft, tok, dev, dtype, "qwen2.5-coder-1.5b/0.5b configs, random weights",
+                     "random:" + ("short-" if short else "") + "1.5b", "random:" + ("short-" if short else "") + "0.5b",
+                     vocab, eos_ids(tok))
+
+
+@torch.inference_mode()
+def pass_costs(pair, cfg) -> dict:
+    """Median ms of one cached forward pass over k new tokens after a prefix, as CachedLM.feed runs it."""
+    from specdec.decoder import AUTO_DRAFT_VOCAB
+    from specdec.kvcache import CachedLM
+
+    dev = pair.device
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(200, pair.vocab_size, (cfg.prefix,), generator=gen).tolist()
+    new = torch.randint(200, pair.vocab_size, (max(cfg.ks),), generator=gen).tolist()
+
+    def costs(lm, ks):
+        lm.feed(prefix)
+        out = {}
+        for k in ks:
+            def one(k=k):
+                lm.feed(new[:k], k)
+                lm.crop(cfg.prefix)
+            for _ in range(cfg.warmup):
+                one()
+            out[k] = med(timed_ms(one, dev, cfg.reps))
+        return out
+
+    target = costs(CachedLM(pair.target, pair.vocab_size), cfg.ks)
+    draft_full = costs(CachedLM(pair.draft, pair.vocab_size), [1])[1]
+    # the drafter's default head (65 536 ids for Qwen's 151 936); half the vocabulary for the small --short one
+    head = AUTO_DRAFT_VOCAB if pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB else pair.vocab_size // 2
+    draft_reduced = costs(CachedLM(pair.draft, pair.vocab_size, head, pair.eos_token_ids), [1])[1]
+    t1 = target[1]
+    return {
+        "prefix_tokens": cfg.prefix,
+        "target_ms_by_k": target,
+        "draft_ms_full_head": draft_full,
+        "draft_ms_reduced_head": draft_reduced,
+        "draft_head_ids": head,
+        "c_pass": draft_reduced / t1 if t1 else None,  # one draft step over one target step (reduced draft head)
+        # what a round pays at gamma: gamma draft steps and one target pass over gamma + 1 tokens
+        "round_model_ms_by_gamma": {g: g * draft_reduced + target[g + 1] for g in cfg.ks if g + 1 in target},
+    }
+
+
+def timings(dev: torch.device, cfg) -> dict:
+    from specdec.decoder import measure_step_costs
+    from specdec.overhead import PROMPTS as OVERHEAD_PROMPTS
+    from specdec.overhead import measure_overhead
+    from specdec.models import load_pair
+
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    t0 = time.perf_counter()
+    pair = random_pair(dev, dtype, cfg.short)
+    built = time.perf_counter() - t0
+    res = {"dtype": str(dtype).replace("torch.", ""), "build_seconds": built, "passes": pass_costs(pair, cfg)}
+    steps = measure_step_costs(pair, n_tokens=cfg.step_tokens)
+    res["plain_step_ms"] = {"target": steps.target_ms, "draft": steps.draft_ms,
+                            "c_plain": steps.draft_ms / steps.target_ms if steps.target_ms else None}
+    prompts = OVERHEAD_PROMPTS[: cfg.prompts]
+    res["overhead_random_qwen"] = measure_overhead(pair, prompts, gamma=4, max_new_tokens=cfg.overhead_tokens)
+    del pair
+    tiny = load_pair("tiny", dtype=str(dtype).replace("torch.", ""), device=str(dev), shared=False)
+    res["overhead_tiny"] = measure_overhead(tiny, prompts, gamma=4, max_new_tokens=cfg.overhead_tokens)
+    res["seconds"] = time.perf_counter() - t0
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+class Config:
+    def __init__(self, short: bool):
+        self.short = short
+        self.prompts = 1 if short else 3
+        self.gammas = (1, 4) if short else (1, 3, 5)
+        self.greedy_tokens = 12 if short else 40
+        self.chi_rounds = 100 if short else 3000
+        self.p_min = 1e-3  # a correct sampler fails this once in a thousand runs
+        self.ks = list(range(1, 6)) if short else list(range(1, 17))
+        self.prefix = 16 if short else 128
+        self.reps = 3 if short else 20
+        self.warmup = 1 if short else 3
+        self.step_tokens = 4 if short else 16
+        self.overhead_tokens = 10 if short else 48
+
+
+def environment(dev: torch.device) -> dict:
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "device": str(dev), "torch_threads": torch.get_num_threads()}
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
+                   capability=f"{props.major}.{props.minor}")
+    return env
+
+
+def summary_lines(report: dict) -> list[str]:
+    lines = [f"environment: {json.dumps(report['environment'])}"]
+    for dt, r in report["exactness"].items():
+        g, c, rb = r["greedy"], r["first_token"], r["rollback"]
+        lines.append(f"{dt:9s} greedy spec == plain {g['equal']}/{g['of']} | first-token chi-square p = "
+                     f"{c['p_value']:.3g} over {c['rounds']} rounds ({c['first_guess_rejected']} first guesses "
+                     f"rejected, {c['outside_support']} outside support) | rollback "
+                     + ", ".join(f"{k} {'ok' if v['ok'] else 'FAIL'} ({v['max_abs_diff']:.2g})" for k, v in rb.items())
+                     + f" -> {'OK' if r['ok'] else 'FAIL'}")
+    t = report.get("timings")
+    if t:
+        p = t["passes"]
+        ks = p["target_ms_by_k"]
+        lines.append(f"target pass ({t['dtype']}, prefix {p['prefix_tokens']}), ms by k: "
+                     + " ".join(f"{k}:{v:.2f}" for k, v in ks.items()))
+        lines.append(f"draft pass: {p['draft_ms_reduced_head']:.2f} ms (reduced head), {p['draft_ms_full_head']:.2f} "
+                     f"ms (full head); c_pass = {p['c_pass']:.3f}; plain decode ms/token target "
+                     f"{t['plain_step_ms']['target']:.2f}, draft {t['plain_step_ms']['draft']:.2f} "
+                     f"(c_plain {t['plain_step_ms']['c_plain']:.3f})")
+        for name in ("overhead_random_qwen", "overhead_tiny"):
+            o = t[name]
+            cats = ", ".join(f"{k} {v:.3f}" for k, v in o["per_category_ms"].items() if v >= 0.005)
+            lines.append(f"{name}: round {o['round_ms']:.2f} ms (untimed {o['plain_round_ms']:.2f}), model "
+                         f"{o['model_ms']:.2f}, overhead {o['overhead_ms']:.2f}, w/o events "
+                         f"{o['engine_overhead_ms']:.2f} ms/round | {cats}")
+    lines.append(f"total {report['seconds']:.0f} s -> {'OK' if report['ok'] else 'FAIL'}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--short", action="store_true", help="small sizes and counts (CI)")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--skip-timings", action="store_true")
+    ap.add_argument("--out", default=None, help="JSON path (default: $OUT/gpu-check.json, else ./gpu-check.json)")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: no CUDA device; use --device cpu", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda:0" if args.device == "cuda" else "cpu")
+    cfg = Config(args.short)
+    t0 = time.perf_counter()
+    report = {"environment": environment(dev), "short": args.short, "exactness": {}}
+    for dt in [d for d in args.dtypes.split(",") if d]:
+        print(f"exactness on the tiny pair, {dt} ...", file=sys.stderr, flush=True)
+        report["exactness"][dt] = exactness(dev, dt, cfg)
+    if not args.skip_timings:
+        print("timings on random-weight Qwen2.5-Coder 1.5B/0.5B-shaped models ...", file=sys.stderr, flush=True)
+        report["timings"] = timings(dev, cfg)
+    report["ok"] = all(r["ok"] for r in report["exactness"].values())
+    report["seconds"] = time.perf_counter() - t0
+    out = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu-check.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str))
+    print("\n".join(summary_lines(report)))
+    print(f"wrote {out}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
