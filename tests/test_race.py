@@ -102,3 +102,42 @@ def test_finished_race_refuses_another_step(no_eos):
     list(race)
     with pytest.raises(InvalidInputError, match="finished"):
         race.step()
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+
+
+def test_split_flags_mark_boundaries_only_one_side_has():
+    from components.race import _split_flags
+
+    draft, target = ["the", " cat", "s"], ["th", "e", " ca", "ts"]
+    assert _split_flags(draft, target) == [False, True, False]  # "the|" is shared, " cat|" is not, the end is
+    assert _split_flags(target, draft) == [True, False, True, False]
+
+
+def test_race_rendering_shows_each_drafter(no_eos):
+    from components.race import race_figure, render_race
+
+    prompt = "abcabcabcab"  # repeats, so ngram copies
+    race = Race(no_eos, prompt, DecodeSettings(max_new_tokens=16), parse_lanes("model:3, ngram:4, early-exit:2, cross:3"))
+    list(race)
+    page = render_race(race.view())
+    assert page.count('class="race-lane"') == 5 and page.count('data-state="done"') == 5
+    assert "Temperature 0" in page and "fastest lane" in page
+    assert "1 of 2 layers" in page  # early exit
+    assert 'class="rt-match"' in page and 'class="rt-src"' in page  # ngram: matched suffix and copied tokens
+    assert "draft tokens" in page and "target tokens" in page  # cross: both tokenizations
+    fig = race_figure(race.view())
+    assert len(fig.data) == 5 and all(len(t.y) == 17 for t in fig.data)  # 0..16 tokens per lane
+    assert "Run race" in render_race(None)
+    assert "⚠ bad" in render_race(None, "⚠ bad")
+
+
+def test_race_rendering_escapes_model_text():
+    from components.race import render_race
+    from specdec.race import Lane, RaceView
+
+    lane = Lane(0, LaneSpec("plain"), ids=[1, 2], pieces=["<img src=x>", "&"], origins=["target", "target"],
+                cum_ms=[1.0, 2.0], elapsed_ms=2.0, target_passes=2, stop_reason="max_new_tokens")
+    page = render_race(RaceView(["<script>"], [lane], [1.0], [False], "note", True, 2))
+    assert "<img" not in page and "&lt;img src=x&gt;&amp;" in page
