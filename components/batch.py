@@ -13,6 +13,7 @@ run's rounds (specdec.batched.BatchRound dicts) to Plotly figures and HTML strin
 from __future__ import annotations
 
 import html
+import math
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -84,8 +85,9 @@ def batch_figure(result: dict | None, height: int = 430) -> go.Figure:
         cx = result.get("crossover", {}).get(mode, {}).get("measured_steady")
         if cx is not None:
             y = next(r["steady_speedup"] for r in rows if r["batch"] == cx)
-            fig.add_annotation(x=cx, y=y, text=f"crossover B={cx}", showarrow=True, arrowhead=2, ax=0, ay=-36,
-                               font={"size": 11, "color": COLORS["measured"]}, row=1, col=2)
+            # annotations on a log axis take log10 coordinates
+            fig.add_annotation(x=math.log10(cx), y=y, text=f"crossover B={cx}", showarrow=True, arrowhead=2, ax=0,
+                               ay=-36, font={"size": 11, "color": COLORS["measured"]}, row=1, col=2)
     fig.add_hline(y=1.0, line={"color": COLORS["text"], "dash": "dot", "width": 1}, row=1, col=2)
     fig.update_xaxes(title_text="throughput, tokens/s over all rows", row=1, col=1)
     fig.update_yaxes(title_text="mean latency per request (s)", row=1, col=1)

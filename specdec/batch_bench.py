@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
 
 from .batched import MAX_BATCH, BatchResult, plain_batch_decode, speculative_batch_decode
 from .errors import InvalidInputError
@@ -178,18 +179,17 @@ def run_batches(pair, batches: list[int], modes: list[str], gamma: int, max_new:
 
 
 def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
-    """(intercept, slope) of the least-squares line through the points; a flat line through one point.
-
-    A pass never gets cheaper with more tokens, so a negative slope (timing noise) becomes a flat line at the mean.
-    """
-    pts = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+    """(intercept, slope) of the least-squares line through the points with both kept >= 0 (scipy's nnls): a pass
+    costs a fixed part plus a part per token, neither negative. Timing noise could otherwise fit a negative
+    intercept (absurd predictions at small B) or a falling cost. One distinct x gives a flat line at the mean."""
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys) if x is not None and y is not None]
     if not pts:
         return None
-    flat = float(np.mean([y for _, y in pts])), 0.0
     if len({x for x, _ in pts}) == 1:
-        return flat
-    slope, intercept = np.polyfit([x for x, _ in pts], [y for _, y in pts], 1)
-    return (float(intercept), float(slope)) if slope >= 0 else flat
+        return float(np.mean([y for _, y in pts])), 0.0
+    a = np.array([[1.0, x] for x, _ in pts])
+    (intercept, slope), _ = nnls(a, np.array([y for _, y in pts]))
+    return float(intercept), float(slope)
 
 
 def expected_tokens_per_row(alpha: float, gamma: int, batch: int) -> float:

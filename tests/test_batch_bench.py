@@ -70,6 +70,7 @@ def test_prediction_math():
     assert bb.expected_tokens_per_row(1.0, 4, 16) == 5.0
     assert bb.line_fit([1, 2, 3], [3, 5, 7]) == pytest.approx((1.0, 2.0))
     assert bb.line_fit([1, 2, 3], [7, 5, 3]) == pytest.approx((5.0, 0.0))  # a falling cost is noise: flat
+    assert bb.line_fit([1, 2, 3], [0.5, 5, 9.5])[0] == 0.0  # never a negative fixed cost
     assert bb.line_fit([4], [9.0]) == (9.0, 0.0) and bb.line_fit([], []) is None
     fits = {"verify": (10.0, 1.0), "draft": (2.0, 0.5), "plain": (10.0, 0.5)}
     p = bb.predict(0.8, 4, 2, fits)
@@ -111,6 +112,9 @@ def test_figures_show_prediction_beside_measurement(result):
     cost = view.cost_figure(result)
     assert any(t.name.startswith("verify") for t in cost.data) and any(t.name.startswith("fit") for t in cost.data)
     assert view.batch_figure(None).layout.annotations  # an empty figure says what to do
+    for note in fig.layout.annotations:
+        if note.text.startswith("crossover B="):  # on the log axis, at log10(B)
+            assert 10 ** note.x == pytest.approx(int(note.text.split("=")[1]))
     reading = view.crossover_reading(result)
     assert "least-accepted row" in reading and "B×(γ+1)" in reading
 
@@ -156,3 +160,39 @@ def test_tab_runs_on_the_loaded_pair(tiny_pair):
     with gr.Blocks() as demo:
         parts = batch_tab.build_batch_tab(lambda: tiny_pair)
     assert {"figure", "view", "run", "upload"} <= set(parts) and demo is not None
+
+
+@pytest.mark.browser
+def test_batch_tab_in_the_browser(tiny_pair, browser):
+    """The tab alone in a Blocks on the tiny pair: Run fills the chart, the reading and the batch view; screenshot
+    to test-artifacts/batch-tab.png."""
+    from pathlib import Path
+
+    from tests.conftest import ARTIFACTS, free_port
+
+    root = Path(__file__).resolve().parent.parent
+    with gr.Blocks(title="batch tab") as demo:
+        with gr.Tabs():
+            with gr.Tab("Batch"):
+                batch_tab.build_batch_tab(lambda: tiny_pair)
+    port = free_port()
+    demo.queue().launch(server_port=port, prevent_thread_lock=True, css_paths=[root / "assets" / "style.css"],
+                        quiet=True)
+    try:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = ctx.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.locator("#sdb-batches label", has_text="16").click()
+        page.locator("#sdb-modes label", has_text="T = 0.7").click()
+        page.click("#sdb-run")
+        page.wait_for_function("() => document.querySelector('#sdb-status').innerText.includes('Measured')",
+                               timeout=120_000)
+        page.wait_for_selector("#sdb-figure .js-plotly-plot")
+        assert page.locator("#sdb-view .sdb-grid").count() == 1
+        assert "stops paying" in page.inner_text("#sdb-reading") or "still pays" in page.inner_text("#sdb-reading")
+        page.wait_for_timeout(1000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "batch-tab.png"), full_page=True)
+        ctx.close()
+    finally:
+        demo.close()
