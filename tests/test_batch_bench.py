@@ -140,6 +140,8 @@ def test_tab_inputs_and_loading(result, tmp_path):
         batch_tab.check_inputs(["32"], ["greedy"], 4, 16)
     with pytest.raises(InvalidInputError, match="γ"):
         batch_tab.check_inputs(["1"], ["greedy"], 0, 16)
+    with pytest.raises(InvalidInputError, match="must be lists"):
+        batch_tab.check_inputs("12", ["greedy"], 4, 16)
     assert batch_tab.check_inputs(["4", "1"], ["sampled"], 4.0, 16.0) == ([1, 4], ["sampled"], 4, 16)
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result))

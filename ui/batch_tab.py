@@ -64,6 +64,8 @@ def _save(result: dict) -> str:
 
 def check_inputs(batches, modes, gamma, max_new) -> tuple[list[int], list[str], int, int]:
     """The tab's controls as the benchmark takes them; a clear message for anything it cannot run."""
+    if not isinstance(batches or [], (list, tuple)) or not isinstance(modes or [], (list, tuple)):
+        raise InvalidInputError("batch sizes and sampling modes must be lists, e.g. ['1', '4'] and ['greedy']")
     try:
         bs = sorted({int(b) for b in (batches or [])})
     except (TypeError, ValueError):
