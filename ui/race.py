@@ -102,10 +102,8 @@ def build_race_tab(get_pair: Callable) -> None:
                                     "cross; policies: fixed, heuristic, confidence, expected",
                                elem_id="race-lanes")
             preset = gr.Dropdown(list(LANE_PRESETS), value=None, label="Lane presets", elem_id="race-presets")
-            with gr.Row():
-                max_new = gr.Slider(8, 256, 64, step=1, label="Max new tokens", elem_id="race-max-new")
-                temperature = gr.Slider(0, 2, 0, step=0.05, label="Temperature (0 = greedy)",
-                                        elem_id="race-temperature")
+            max_new = gr.Slider(8, 256, 64, step=1, label="Max new tokens", elem_id="race-max-new")
+            temperature = gr.Slider(0, 2, 0, step=0.05, label="Temperature (0 = greedy)", elem_id="race-temperature")
             seed = gr.Number(0, label="Seed", precision=0, minimum=0, elem_id="race-seed")
             run = gr.Button("Run race", variant="primary", elem_id="race-run")
         with gr.Column(scale=8, min_width=300):
