@@ -243,6 +243,71 @@ def pass_costs(pair, cfg) -> dict:
     }
 
 
+@torch.inference_mode()
+def host_sync_probe(pair, cfg) -> dict:
+    """Rounds as the engine runs them vs the same rounds with torch.cuda.synchronize() before every host read.
+
+    On the first H200 run, rounds timed with the profiler (which synchronizes at every boundary) were 3-4x
+    faster than untimed ones (tiny pair 21 vs 83 ms/round): this measures whether waiting for queued GPU work
+    inside a device-to-host read (.tolist(), int(t)) is what costs, alternating the two so drift hits both.
+    """
+    from specdec.decoder import SpeculativeDecoder
+    from specdec.settings import DecodeSettings
+
+    dev = pair.device
+    settings = DecodeSettings(gamma=4, max_new_tokens=cfg.overhead_tokens)
+
+    def round_ms() -> float:
+        rounds = list(SpeculativeDecoder(pair, PROMPTS[0], settings))[1:]
+        return sum(r.round_ms for r in rounds) / max(1, len(rounds))
+
+    names = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def synced(fn):
+        def read(self, *args, **kwargs):
+            if self.is_cuda:
+                torch.cuda.synchronize(self.device)
+            return fn(self, *args, **kwargs)
+        return read
+
+    own = {n: torch.Tensor.__dict__.get(n) for n in names}  # most are inherited from the C base class
+
+    def restore():
+        for n in names:
+            if own[n] is None:
+                if n in torch.Tensor.__dict__:
+                    delattr(torch.Tensor, n)
+            else:
+                setattr(torch.Tensor, n, own[n])
+
+    round_ms()  # warm-up
+    plain, with_sync = [], []
+    try:
+        for _ in range(cfg.probe_repeats):
+            plain.append(round_ms())
+            for n, fn in saved.items():
+                setattr(torch.Tensor, n, synced(fn))
+            with_sync.append(round_ms())
+            restore()
+    finally:
+        restore()
+    x = torch.randn(2048, 2048, device=dev)
+
+    def host_read(explicit: bool) -> float:
+        def one():
+            y = x @ x
+            t0 = time.perf_counter()
+            if explicit:
+                sync(dev)
+            float(y[0, 0])
+            return (time.perf_counter() - t0) * 1e3
+        return med([one() for _ in range(cfg.reps)])
+
+    return {"round_ms": plain, "round_ms_sync_before_reads": with_sync,
+            "host_read_after_matmul_ms": host_read(False), "sync_then_host_read_ms": host_read(True)}
+
+
 def timings(dev: torch.device, cfg) -> dict:
     from specdec.decoder import measure_step_costs
     from specdec.overhead import PROMPTS as OVERHEAD_PROMPTS
@@ -262,6 +327,7 @@ def timings(dev: torch.device, cfg) -> dict:
     del pair
     tiny = load_pair("tiny", dtype=str(dtype).replace("torch.", ""), device=str(dev), shared=False)
     res["overhead_tiny"] = measure_overhead(tiny, prompts, gamma=4, max_new_tokens=cfg.overhead_tokens)
+    res["host_sync_probe_tiny"] = host_sync_probe(tiny, cfg)
     res["seconds"] = time.perf_counter() - t0
     return res
 
@@ -283,6 +349,7 @@ class Config:
         self.warmup = 1 if short else 3
         self.step_tokens = 4 if short else 16
         self.overhead_tokens = 10 if short else 48
+        self.probe_repeats = 1 if short else 3
 
 
 def environment(dev: torch.device) -> dict:
@@ -322,6 +389,12 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"{name}: round {o['round_ms']:.2f} ms (untimed {o['plain_round_ms']:.2f}), model "
                          f"{o['model_ms']:.2f}, overhead {o['overhead_ms']:.2f}, w/o events "
                          f"{o['engine_overhead_ms']:.2f} ms/round | {cats}")
+        if "host_sync_probe_tiny" in t:
+            h = t["host_sync_probe_tiny"]
+            lines.append("tiny rounds ms, as run: " + " ".join(f"{v:.2f}" for v in h["round_ms"]) + " | with a sync "
+                         "before each host read: " + " ".join(f"{v:.2f}" for v in h["round_ms_sync_before_reads"])
+                         + f" | host read after a matmul {h['host_read_after_matmul_ms']:.3f} ms, after an explicit "
+                         f"sync {h['sync_then_host_read_ms']:.3f} ms")
     lines.append(f"total {report['seconds']:.0f} s -> {'OK' if report['ok'] else 'FAIL'}")
     return lines
 

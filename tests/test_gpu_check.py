@@ -28,6 +28,8 @@ def test_gpu_check_short_on_cpu(tmp_path):
     assert t["passes"]["c_pass"] > 0
     for name in ("overhead_random_qwen", "overhead_tiny"):
         assert t[name]["rounds"] > 0 and t[name]["model_ms"] > 0
+    probe = t["host_sync_probe_tiny"]
+    assert len(probe["round_ms"]) == len(probe["round_ms_sync_before_reads"]) >= 1
     assert "greedy spec == plain" in proc.stdout and "overhead_tiny" in proc.stdout
 
 
