@@ -74,7 +74,7 @@ def test_follows_the_prediction_then_rejoins_it_after_an_edit(tiny_pair):
     assert empty.tokens.numel() == 0 and empty.note.source_start is None and empty.note.drafter == "predicted"
     # It writes 15: the output rejoins the prediction after its 15.
     assert _propose(d, prompt + [10, 11, 12, 13, 50, 51, 15]) == ([16, 17], (6, 1))  # cut at the prediction's end
-    assert _propose(d, prompt + [10, 11, 12, 13, 50, 51, 15, 16, 17]) == ([], (None, None))  # prediction used up
+    assert _propose(d, prompt + [10, 11, 12, 13, 50, 51, 15, 16, 17]) == ([], (8, 0))  # at the prediction's end
 
 
 def test_the_rejoin_prefers_the_part_after_the_departure(tiny_pair):

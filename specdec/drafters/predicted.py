@@ -19,7 +19,8 @@ verification keeps a guess x with probability p(x) and repairs from p with x rem
 Each round's DraftNote ("predicted") says where in the prediction the guesses came from:
 `source_start` is the index in the prediction's tokens of the first proposed token, and `match_len` is 0 when the
 round carried straight on from the previous one, or the length of the output suffix that re-aligned the pointer
-after a departure. A round that found no place to rejoin carries neither.
+after a departure. A round that found no place to rejoin carries neither; one at the end of the prediction proposes
+nothing and has source_start = the prediction's length.
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ class PredictedDrafter:
             self._ptr, matched = found
         start = self._ptr
         tokens = self.pred[start : start + gamma].tolist()
-        if not tokens:  # the output has reached the end of the prediction
-            return no_draft(self.vocab_size, self.device, DraftNote("predicted", one_hot=True))
+        if not tokens:  # the output has reached the end of the prediction: the note says where it is
+            return no_draft(self.vocab_size, self.device,
+                            DraftNote("predicted", one_hot=True, source_start=start, match_len=matched))
         for i, t in enumerate(tokens):  # an EOS in the prediction ends the proposal: nothing after it could commit
             if t in self.eos:
                 tokens = tokens[: i + 1]
