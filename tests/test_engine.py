@@ -254,11 +254,14 @@ def test_draft_head_is_reduced_only_for_large_vocabularies_with_plain_heads(tiny
 
     from specdec.decoder import AUTO_DRAFT_VOCAB, resolve_draft_vocab
 
-    def pair(vocab, model_type):
-        return SimpleNamespace(vocab_size=vocab, draft=SimpleNamespace(config=SimpleNamespace(model_type=model_type)))
+    def pair(vocab, model_type, device="cpu"):
+        return SimpleNamespace(vocab_size=vocab, draft=SimpleNamespace(config=SimpleNamespace(model_type=model_type)),
+                               device=torch.device(device))
 
     assert resolve_draft_vocab(tiny_pair, None) == 0  # 101 tokens: nothing to save
     assert resolve_draft_vocab(pair(151936, "qwen2"), None) == AUTO_DRAFT_VOCAB
     assert resolve_draft_vocab(pair(151936, "gemma2"), None) == 0  # soft-capped logits: no sliced head
     assert resolve_draft_vocab(pair(100000, "llama"), None) == 0
     assert resolve_draft_vocab(pair(151936, "qwen2"), 0) == 0 and resolve_draft_vocab(tiny_pair, 40) == 40
+    assert resolve_draft_vocab(pair(151936, "qwen2", "cuda"), None) == 0  # measured slower on a GPU
+    assert resolve_draft_vocab(pair(151936, "qwen2", "cuda"), 65536) == 65536  # asked for explicitly

@@ -22,7 +22,7 @@ from components import render_status, speedup_figure
 from components.labels import (default_selection, describe_replay, describe_round, finished_message,
                                position_choices, progress_message, prompt_text, round_choices, stopped_message)
 from specdec.decoder import SpeculativeDecoder, encode_prompt
-from specdec.drafters import head_vocab_for
+from specdec.decoder import resolve_draft_vocab
 from specdec.errors import ModelLoadError, SpecDecError, TraceError
 from specdec.record import PairInfo, RunRecord
 from specdec.trace import dumps_trace, load_trace_file
@@ -72,7 +72,7 @@ class Playground:
                                                    f"({time.time() - job.started:.0f} s)")
         info = PairInfo.of(job.pair)
         details = {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype}
-        head = head_vocab_for(job.pair, job.pair.draft, None)  # the engine's rule for the default draft head
+        head = resolve_draft_vocab(job.pair, None)  # the engine's rule for the default draft head
         if head:  # q is zero outside the draft's head: say so where the charts' q = 0 bars can be explained
             details["draft head"] = f"ids < {head} + EOS + the text's tokens"
         if job.costs:

@@ -78,17 +78,6 @@ def check_combination(settings: "DecodeSettings") -> None:
         raise InvalidInputError(f"{settings.drafter} drafter with the {settings.gamma_policy} gamma policy: {why}")
 
 
-def head_vocab_for(pair: "ModelPair", model: torch.nn.Module, draft_vocab: int | None) -> int:
-    """The reduced-head size for a drafting model (see decoder.resolve_draft_vocab), decided by that model's type."""
-    from ..decoder import AUTO_DRAFT_VOCAB
-    from ..kvcache import PLAIN_HEAD_TYPES
-
-    if draft_vocab is not None:
-        return draft_vocab
-    big = pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB
-    return AUTO_DRAFT_VOCAB if big and model.config.model_type in PLAIN_HEAD_TYPES else 0
-
-
 def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list[int],
                  cross_draft: "CrossDraft | None" = None) -> Drafter:
     """The drafter `settings.drafter` names, set up for this pair and prompt.
@@ -96,11 +85,13 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
     `cross_draft` (a model + tokenizer of another vocabulary) replaces the default cross draft (SmolLM2-135M, or a
     tiny one for the tiny pair), e.g. in tests.
     """
+    from ..decoder import resolve_draft_vocab  # the decoder imports this package: resolve at call time
+
     check_combination(settings)
     threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
     if settings.drafter == "model":
         return DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
-                                 head_vocab_for(pair, pair.draft, settings.draft_vocab), pair.eos_token_ids)
+                                 resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
     if settings.drafter == "ngram":
         from .ngram import NgramDrafter
 
@@ -109,7 +100,7 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
         from .early_exit import EarlyExitDrafter
 
         return EarlyExitDrafter(pair.target, pair.vocab_size, settings.exit_layer, threshold,
-                                head_vocab_for(pair, pair.target, settings.draft_vocab), pair.eos_token_ids)
+                                resolve_draft_vocab(pair, settings.draft_vocab, pair.target), pair.eos_token_ids)
     if settings.drafter == "cross":
         from .cross import CrossTokenizerDrafter, load_cross_draft
 
