@@ -36,7 +36,7 @@ from components import empty_figure, render_legend, render_phases, render_stats,
 from specdec.hub import DEFAULT_MAX_PARAMS
 from specdec.models import PAIRS
 from specdec.trace import MAX_TRACE_BYTES
-from ui.controls import Number, Slider, drafter_choices, policy_choices
+from ui.controls import DRAFTER_INFO, POLICY_INFO, Number, Slider, drafter_choices, policy_choices
 from ui.learn_tab import build_learn_tab
 from ui.race import build_race_tab
 from ui.loader import PairLoader
@@ -120,10 +120,11 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                               elem_id="sd-seed", min_width=100)
                             top_p = Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
                                            elem_id="sd-top-p")
-                            drafter = gr.Dropdown(drafter_choices(), value="model", label="Drafter (who guesses)",
-                                                  elem_id="sd-drafter")
-                            policy = gr.Dropdown(policy_choices(), value="fixed", label="γ policy",
-                                                 elem_id="sd-policy")
+                            with gr.Row():
+                                drafter = gr.Dropdown(drafter_choices(), value="model", label="Drafter",
+                                                      info=DRAFTER_INFO, elem_id="sd-drafter", min_width=140)
+                                policy = gr.Dropdown(policy_choices(), value="fixed", label="γ policy",
+                                                     info=POLICY_INFO, elem_id="sd-policy", min_width=140)
                         with gr.Accordion("Models", open=False):
                             pair = gr.Dropdown(list(PAIRS), label="Model pair (target + draft)",
                                                value=pg.startup.name if pg.startup.name in PAIRS else "default",

@@ -147,9 +147,8 @@ def pq_title(rnd: Round, position: int) -> str:
             what = f"draft “{tok}” discarded (after the rejection; p is conditioned on discarded guesses)"
         else:
             what = f"draft “{tok}” not committed: the text ended before this position"
-        if rnd.one_hot:
-            what += (f"<br>q is one-hot: the {html.escape(rnd.drafter)} drafter proposed “{tok}” deterministically "
-                     "(q = 1 on it, 0 elsewhere), so it is kept with probability p")
+        if rnd.one_hot:  # short: the title has the width of half the page
+            what += f"<br>one-hot q ({html.escape(rnd.drafter)}): 1 on the guess, 0 elsewhere; kept with probability p"
     elif rnd.gamma == 0:
         what = (f"nothing drafted ({html.escape(rnd.drafter)} drafter): a plain target step, "
                 f"“{piece_html(rnd.emitted_piece)}” sampled from p")

@@ -11,7 +11,7 @@ import html
 from specdec import events
 from specdec.events import Round
 
-from .tokens import ACCEPTED, BONUS, FATE_KIND, REPAIRED, fmt_prob, piece_html, quoted
+from .tokens import ACCEPTED, BONUS, FATE_KIND, PLAIN, REPAIRED, fmt_prob, piece_html, quoted
 
 
 def _chip(kind: str, piece: str, round_index: int, position: int) -> str:
@@ -101,7 +101,7 @@ def _accept_card(rnd: Round) -> str:
 def _emit_card(rnd: Round) -> str:
     k = rnd.n_accepted
     if rnd.gamma == 0:
-        title, kind = "Plain step", BONUS
+        title, kind = "Plain step", PLAIN
         sub = "no guesses, so the target's p at the next position gives this round's one token"
     elif rnd.is_bonus:
         title, kind = "Bonus", BONUS

@@ -18,12 +18,14 @@ from specdec.events import Round
 
 # Chip kinds double as CSS classes (tok-<kind>); tests and the browser rely on these names.
 ACCEPTED, REJECTED, REPAIRED, DISCARDED, BONUS, CUT = "acc", "rej", "rep", "disc", "bonus", "cut"
+PLAIN = "plain"  # a round that drafted nothing: one token sampled from p, as plain decoding would
 KIND_LABELS = {
     ACCEPTED: "accepted draft",
     REJECTED: "rejected draft",
     REPAIRED: "repaired (resampled)",
     DISCARDED: "discarded guess",
     BONUS: "bonus token",
+    PLAIN: "plain step (nothing drafted)",
     CUT: "not committed (after end of text)",
 }
 # Whitespace would be invisible inside a chip, so it is drawn with stand-in glyphs.
@@ -141,7 +143,7 @@ def round_chips(rnd: Round) -> list[Chip]:
 
 
 def _emitted_chip(rnd: Round) -> Chip:
-    kind = BONUS if rnd.is_bonus else REPAIRED
+    kind = PLAIN if rnd.gamma == 0 else BONUS if rnd.is_bonus else REPAIRED
     committed = rnd.n_accepted < len(rnd.committed_ids)  # EOS or the token budget can cut the round before it
     tooltip = _emitted_tooltip(rnd) + ("" if committed else "\n(not committed: generation ended before it)")
     return Chip(kind if committed else CUT, rnd.emitted_piece, rnd.n_accepted, tooltip,
@@ -183,6 +185,7 @@ def render_legend() -> str:
         (REPAIRED, "y", KIND_LABELS[REPAIRED]),
         (DISCARDED, "z", KIND_LABELS[DISCARDED]),
         (BONUS, "b", KIND_LABELS[BONUS]),
+        (PLAIN, "t", KIND_LABELS[PLAIN]),
     ]
     items = "".join(
         f'<span class="sd-legend-item"><span class="tok tok-{k}">{html.escape(t)}</span>{html.escape(label)}</span>'

@@ -384,7 +384,7 @@ def empty_round() -> Round:
 
 def test_a_round_with_nothing_drafted_renders_everywhere(empty_round):
     out = render_round(empty_round)
-    assert kinds(out) == ["bonus"] and chip_texts(out) == ["·plain"]
+    assert kinds(out) == ["plain"] and chip_texts(out) == ["·plain"]
     assert "plain target step" in html.unescape(out) and "nothing to propose" in html.unescape(out)
     phases = render_phases(empty_round)
     assert "Plain step" in phases and "nothing to propose" in phases and "no guesses" in phases

@@ -28,17 +28,21 @@ from .loader import PairRequest, check_request
 MAX_PROMPT_CHARS = 100_000
 # What the drafter and gamma-policy dropdowns show (values are DecodeSettings' names).
 DRAFTER_LABELS = {
-    "model": "draft model (the pair's small model)",
-    "ngram": "n-gram prompt lookup (copies earlier text; q is one-hot)",
-    "early-exit": "early exit (the target's first layers)",
-    "cross": "cross-tokenizer draft (another vocabulary, re-tokenized; q is one-hot)",
+    "model": "draft model",
+    "ngram": "n-gram lookup",
+    "early-exit": "early exit",
+    "cross": "cross-tokenizer",
 }
+DRAFTER_INFO = ("draft model: the pair's small model · n-gram: copies earlier text (q is one-hot) · early exit: the "
+                "target's first layers · cross-tokenizer: another model's text, re-tokenized (q is one-hot)")
 POLICY_LABELS = {
-    "fixed": "fixed: γ every round",
-    "heuristic": "heuristic: +2 after a full accept, −1 otherwise",
-    "confidence": "confidence: stop drafting after an unsure guess",
-    "expected": "expected: best predicted speedup (follows timings; not seed-reproducible)",
+    "fixed": "fixed γ",
+    "heuristic": "heuristic (+2 / −1)",
+    "confidence": "confidence",
+    "expected": "expected speedup",
 }
+POLICY_INFO = ("heuristic: +2 after a fully kept round, −1 otherwise · confidence: stop after an unsure guess · "
+               "expected: the γ with the best predicted speedup (follows timings, so not seed-reproducible)")
 
 
 def drafter_choices() -> list[tuple[str, str]]:

@@ -227,7 +227,7 @@ def run_points(records: Sequence[RunRecord] | None) -> list[lab.RunPoint]:
     """The recorded runs as chart points; the first is the run on screen in the playground."""
     points = lab.run_points(records or [])
     if points and records and records[0].metrics.drafted:
-        points[0] = replace(points[0], label=f"your last run ({points[0].label})")
+        points[0] = replace(points[0], label=f"your last run: {points[0].label}")
     return points
 
 
