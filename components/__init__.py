@@ -6,9 +6,10 @@ stats: stats panel and status lines; labels: words about rounds and runs; learn:
 The app wires these to components; tests call them directly on recorded or hand-built rounds.
 """
 
-from .charts import empty_figure, pq_candidates, pq_figure, speedup_curves_figure, speedup_figure, speedup_series
+from .charts import pq_candidates, pq_figure, speedup_curves_figure, speedup_figure, speedup_series
 from .phases import render_phases
 from .stats import render_model_status, render_stats, render_status
+from .style import empty_figure
 from .tokens import render_legend, render_prompt, render_round, render_tokens, round_chips, visible_piece
 
 __all__ = [

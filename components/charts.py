@@ -21,12 +21,12 @@ from specdec.events import Round
 from specdec.lab import RunPoint, speedup_curve
 from specdec.metrics import StepCosts, alpha_estimate, loop_cost_ratio, predict_speedup, running_speedup
 
-from .style import COLORS, axis, empty_figure, figure
+from .style import COLORS, axis, empty_figure, figure  # noqa: F401  (empty_figure: re-exported for older imports)
 from .tokens import fmt_prob, piece_html, visible_piece
 
 OTHER = "other"
 MAX_BARS = 12  # candidates charted per position; the rest of the mass goes to "other" (keeps labels legible)
-__all__ = ["empty_figure", "pq_candidates", "pq_figure", "speedup_curves_figure", "speedup_figure", "speedup_series"]
+__all__ = ["pq_candidates", "pq_figure", "speedup_curves_figure", "speedup_figure", "speedup_series"]
 
 
 @dataclass
