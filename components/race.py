@@ -38,7 +38,8 @@ RACE_CSS = """
 .race-stats{display:flex;gap:12px;flex-wrap:wrap;font-size:.88em;margin:6px 0}
 .race-stats b{font-size:1.15em;font-variant-numeric:tabular-nums}
 .race-speed-up b{color:#059669}.race-speed-down b{color:#dc2626}
-.race-bar{height:4px;border-radius:2px;background:color-mix(in srgb,var(--lane,#64748b) 18%,transparent);margin-bottom:8px}
+.race-bar{height:4px;border-radius:2px;margin-bottom:8px;
+  background:color-mix(in srgb,var(--lane,#64748b) 18%,transparent)}
 .race-bar>div{height:4px;border-radius:2px;background:var(--lane,#64748b)}
 .race-text{font-family:var(--font-mono,ui-monospace,monospace);font-size:.84em;white-space:pre-wrap;
   word-break:break-word;max-height:260px;overflow:auto;line-height:1.45}
@@ -92,7 +93,8 @@ def _ngram_detail(lane: Lane, prompt_pieces: list[str]) -> str:
     context = prompt_pieces + lane.pieces[: r.position]
     src, n = r.note.source_start, r.note.match_len or 0
     where = "the prompt" if src < len(prompt_pieces) else "its own earlier text"
-    lines.append(f"Round {r.index + 1}: matched the last {n} token{'s' if n != 1 else ''} in {where} at token {src - n}; "
+    lines.append(f"Round {r.index + 1}: matched the last {n} token{'s' if n != 1 else ''} in {where} at token "
+                 f"{src - n}; "
                  f"copied the {r.gamma} that followed, kept {r.n_accepted}.")
     lo, hi = max(0, src - n - CONTEXT), min(len(context), src + r.gamma + CONTEXT)
     spans = []
@@ -147,7 +149,8 @@ def _model_detail(lane: Lane) -> str:
     r = _last_proposal(lane)
     if r is None:
         return "<div>No proposal yet.</div>"
-    return f"<div>The draft model samples each guess from its q. Round {r.index + 1} kept {r.n_accepted} of {r.gamma}.</div>"
+    return (f"<div>The draft model samples each guess from its q. Round {r.index + 1} kept {r.n_accepted} of "
+            f"{r.gamma}.</div>")
 
 
 def _detail(lane: Lane, prompt_pieces: list[str]) -> str:
@@ -188,7 +191,8 @@ def _lane_html(view: RaceView, i: int) -> str:
     pct = 100 * min(1.0, lane.tokens / max(1, view.max_new_tokens))
     state = "done" if lane.done else "running"
     return (
-        f'<div class="race-lane" data-lane="{i}" data-state="{state}" style="--lane:{LANE_COLORS[i % len(LANE_COLORS)]}">'
+        f'<div class="race-lane" data-lane="{i}" data-state="{state}" '
+        f'style="--lane:{LANE_COLORS[i % len(LANE_COLORS)]}">'
         f'<div class="race-head"><span class="race-name">{html.escape(lane.spec.label)}</span>'
         f'<span class="race-badge">{html.escape(_badge(lane))}</span></div>'
         f'<div class="race-stats"><span><b>{_fmt(lane.tok_s, 1)}</b> tok/s</span>'
@@ -217,7 +221,8 @@ def render_race(view: RaceView | None, message: str = "") -> str:
               "rule; plain: written by the target (a repair, a bonus token or a plain step). Each lane's time is the "
               "sum of its own steps; the lanes take turns, one step each.</div>")
     extra = f'<div class="race-note">{html.escape(message)}</div>' if message else ""
-    return RACE_CSS + extra + f'<div class="race-note" id="race-note">{note}</div><div class="race-grid">{lanes}</div>' + legend
+    return (RACE_CSS + extra + f'<div class="race-note" id="race-note">{note}</div>'
+            f'<div class="race-grid">{lanes}</div>' + legend)
 
 
 def race_figure(view: RaceView | None):
@@ -227,9 +232,9 @@ def race_figure(view: RaceView | None):
         for i, lane in enumerate(view.lanes):
             if not lane.cum_ms:
                 continue
+            color = LANE_COLORS[i % len(LANE_COLORS)]
             fig.add_trace(go.Scatter(x=[0.0] + [t / 1e3 for t in lane.cum_ms], y=list(range(len(lane.cum_ms) + 1)),
-                                     mode="lines", name=lane.spec.label, line=dict(color=LANE_COLORS[i % len(LANE_COLORS)],
-                                                                                   width=2.5, shape="hv")))
+                                     mode="lines", name=lane.spec.label, line=dict(color=color, width=2.5, shape="hv")))
     fig.update_layout(title=dict(text="Tokens over each lane's own time (steeper = faster)", font=dict(size=14)),
                       xaxis_title="seconds", yaxis_title="tokens", height=320, margin=dict(l=50, r=20, t=50, b=40),
                       legend=dict(orientation="h", y=-0.25), template="plotly_white")

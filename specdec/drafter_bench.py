@@ -78,7 +78,8 @@ def _assistant_knobs(model: torch.nn.Module, gamma: int):
     generation_config: constant gamma, no confidence stop, restored afterwards."""
     saved = model.generation_config
     gc = copy.deepcopy(saved)
-    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = gamma, "constant", 0.0
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = gamma, "constant"
+    gc.assistant_confidence_threshold = 0.0
     model.generation_config = gc
     try:
         yield

@@ -30,7 +30,8 @@ from .settings import DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, DecodeSettings
 
 PLAIN = "plain"
 MAX_LANES = 6  # speculative lanes per race (plus the plain one)
-DRAFTER_NAMES = {"model": "draft model", "ngram": "ngram lookup", "early-exit": "early exit", "cross": "cross-tokenizer"}
+DRAFTER_NAMES = {"model": "draft model", "ngram": "ngram lookup", "early-exit": "early exit",
+                 "cross": "cross-tokenizer"}
 
 
 @dataclass(frozen=True)

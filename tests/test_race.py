@@ -119,7 +119,8 @@ def test_race_rendering_shows_each_drafter(no_eos):
     from components.race import race_figure, render_race
 
     prompt = "abcabcabcab"  # repeats, so ngram copies
-    race = Race(no_eos, prompt, DecodeSettings(max_new_tokens=16), parse_lanes("model:3, ngram:4, early-exit:2, cross:3"))
+    lanes = parse_lanes("model:3, ngram:4, early-exit:2, cross:3")
+    race = Race(no_eos, prompt, DecodeSettings(max_new_tokens=16), lanes)
     list(race)
     page = render_race(race.view())
     assert page.count('class="race-lane"') == 5 and page.count('data-state="done"') == 5

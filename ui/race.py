@@ -51,8 +51,8 @@ def race_settings(chat, max_new_tokens, temperature, seed) -> DecodeSettings:
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not math.isfinite(temperature):
         raise InvalidInputError(f"temperature must be a number from 0 to 2, got {temperature!r}")
     return DecodeSettings(max_new_tokens=_whole(max_new_tokens, "max new tokens", 1, 512),
-                          sampling=SamplingConfig(temperature=float(temperature)), seed=_whole(seed, "seed", 0, 2**63 - 1),
-                          chat=bool(chat)).validate()
+                          sampling=SamplingConfig(temperature=float(temperature)),
+                          seed=_whole(seed, "seed", 0, 2**63 - 1), chat=bool(chat)).validate()
 
 
 def run_race(get_pair: Callable, prompt, chat, lanes, max_new_tokens, temperature, seed):
@@ -70,7 +70,8 @@ def run_race(get_pair: Callable, prompt, chat, lanes, max_new_tokens, temperatur
                     raise InvalidInputError("the model pair is still loading; try again in a minute")
                 yield render_race(None, "Loading the model pair…"), gr.skip(), gr.skip()
                 time.sleep(1.0)
-        yield render_race(None, "Setting up the lanes (the first cross lane loads its draft model)…"), gr.skip(), gr.skip()
+        setting_up = "Setting up the lanes (the first cross lane loads its draft model)…"
+        yield render_race(None, setting_up), gr.skip(), gr.skip()
         race = Race(pair, prompt, settings, specs)
         last = 0.0
         for _ in race:

@@ -122,7 +122,8 @@ class CrossTokenizerDrafter:
             guesses.append(int(logits.argmax()))
             if guesses[-1] in self.draft_eos:
                 break
-            if self.confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < self.confidence_threshold:
+            threshold = self.confidence_threshold
+            if threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < threshold:
                 break
         pieces = [self.dtok.decode([t], skip_special_tokens=False) for t in guesses]
         text = self.dtok.decode(guesses, skip_special_tokens=False)  # whole: a character may span two pieces

@@ -44,7 +44,8 @@ def resolve_exit_layer(model: torch.nn.Module, exit_layer: int) -> int:
     n = total_layers(model)
     k = exit_layer or max(1, n // 4)
     if not 1 <= k < n:
-        raise InvalidInputError(f"exit layer must be from 1 to {n - 1} for this {n}-layer target (0 = {max(1, n // 4)}), "
+        raise InvalidInputError(f"exit layer must be from 1 to {n - 1} for this {n}-layer target "
+                                f"(0 = {max(1, n // 4)}), "
                                 f"got {exit_layer}")
     return k
 
