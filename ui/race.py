@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
+import traceback
 from typing import Callable
 
 import gradio as gr
@@ -82,8 +84,11 @@ def run_race(get_pair: Callable, prompt, chat, lanes, max_new_tokens, temperatur
                 yield render_race(view), race_figure(view), race.summary()
         view = race.view()
         yield render_race(view), race_figure(view), race.summary()
-    except SpecDecError as exc:
-        yield render_race(None, f"⚠ {exc}"), gr.skip(), {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a message, never a traceback (logged when it is not ours)
+        if not isinstance(exc, SpecDecError):
+            traceback.print_exc(file=sys.stderr)
+        message = str(exc) if isinstance(exc, SpecDecError) else f"Unexpected error ({type(exc).__name__}): {exc}"
+        yield render_race(None, f"⚠ {message}"), gr.skip(), {"error": message}
 
 
 def build_race_tab(get_pair: Callable) -> None:
