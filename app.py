@@ -174,7 +174,8 @@ def build_demo(pg: Playground) -> gr.Blocks:
                 build_race_tab(get_pair=pg.current_pair)
 
         # ------------------------------------------------------------------------------------------ wiring
-        # drafter and policy last: API callers that send the first eleven get their defaults
+        # drafter and γ policy last: gradio_client fills in their defaults for callers that send the first eleven
+        # (raw HTTP calls send all thirteen)
         control_inputs = [prompt, chat, gamma, max_new, temperature, top_k, top_p, seed, pair, target, draft,
                           drafter, policy]
         outputs = [session, status, tokens, phases, stats, pq_plot, speed_plot, round_dd, pos_dd, text, recorded,

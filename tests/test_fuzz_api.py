@@ -370,13 +370,15 @@ def test_fuzz_every_endpoint(fuzz_app, base_trace, tmp_path):
         return handle_file(str(path))
 
     # Fixed edge cases first: each is one call that must be answered with a message.
-    valid_args = ("Hello world", False, 4, 16, 0.7, 0, 1.0, 0, "tiny", "", "")
+    # all thirteen controls: a raw HTTP call (the fallback when gradio_client refuses NaN) must send every input
+    valid_args = ("Hello world", False, 4, 16, 0.7, 0, 1.0, 0, "tiny", "", "", "model", "fixed")
     fixed = [
         ("/generate", ("x" * 200_000,) + valid_args[1:]),
         ("/generate", ("Hello",) + valid_args[1:4] + (float("nan"),) + valid_args[5:]),
         ("/step", valid_args[:2] + (-3,) + valid_args[3:]),
         ("/step", valid_args[:7] + (10**40,) + valid_args[8:]),
-        ("/generate", valid_args[:8] + ("tiny", "bad id with spaces", "")),
+        ("/generate", valid_args[:8] + ("tiny", "bad id with spaces", "") + valid_args[11:]),
+        ("/generate", valid_args[:11] + ("ngram", "confidence")),  # a refused combination: a message
         ("/generate", (PAYLOADS[1],) + valid_args[1:]),
         ("/import_trace", (upload(json.dumps(base_trace).encode()),)),
         ("/export_trace", ()),

@@ -33,16 +33,14 @@ DRAFTER_LABELS = {
     "early-exit": "early exit",
     "cross": "cross-tokenizer",
 }
-DRAFTER_INFO = ("draft model: the pair's small model · n-gram: copies earlier text (q is one-hot) · early exit: the "
-                "target's first layers · cross-tokenizer: another model's text, re-tokenized (q is one-hot)")
+DRAFTER_INFO = "who proposes the guesses; n-gram and cross-tokenizer guesses have a one-hot q"
 POLICY_LABELS = {
     "fixed": "fixed γ",
     "heuristic": "heuristic (+2 / −1)",
     "confidence": "confidence",
     "expected": "expected speedup",
 }
-POLICY_INFO = ("heuristic: +2 after a fully kept round, −1 otherwise · confidence: stop after an unsure guess · "
-               "expected: the γ with the best predicted speedup (follows timings, so not seed-reproducible)")
+POLICY_INFO = "how γ changes per round; \"expected\" follows timings, so it is not seed-reproducible"
 
 
 def drafter_choices() -> list[tuple[str, str]]:

@@ -238,10 +238,11 @@ def update_speedup(c, records):
 
 
 def c_from_run(c, records):
-    """The run's cost ratio: c_plain (the pair's plain step costs, timed at load) if known, else c_loop (what the
-    loop paid, from the rounds' own timings); both are defined in specdec/metrics.py."""
+    """The run's cost ratio: c_plain (the pair's plain step costs, timed at load) for a run drafted by the draft
+    model, else c_loop (what the loop paid, from the rounds' own timings: the only c of the n-gram, early-exit and
+    cross drafters); both are defined in specdec/metrics.py."""
     for p in lab.run_points(records or []):
-        best = p.c_plain if p.c_plain is not None else p.c_loop
+        best = p.c_plain if p.c_plain is not None and p.drafter == "model" else p.c_loop
         if best is not None:
             return round(min(1.0, best), 2)
     gr.Info("No recorded run with timings yet; generate text in the playground first.")
