@@ -191,7 +191,8 @@ def test_batch_tab_in_the_browser(tiny_pair, browser):
                                timeout=120_000)
         page.wait_for_selector("#sdb-figure .js-plotly-plot")
         assert page.locator("#sdb-view .sdb-grid").count() == 1
-        assert "stops paying" in page.inner_text("#sdb-reading") or "still pays" in page.inner_text("#sdb-reading")
+        reading = page.inner_text("#sdb-reading")  # tiny-model timings are noise: any of the three readings
+        assert any(w in reading for w in ("stops paying", "still pays", "does not pay even")), reading
         page.wait_for_timeout(1000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "batch-tab.png"), full_page=True)
