@@ -67,9 +67,11 @@ def breakeven_figure(costs: Costs | None, drafter: str, runs: Sequence[PlacedRun
                                                                  showlabels=True, labelfont=dict(size=11)),
         line=dict(color="#111827", width=2.5, dash="dash"), name="break-even (1×): slower than plain to its left",
         showlegend=True, hoverinfo="skip"), row=1, col=1)
-    best = [best_gamma(costs, drafter, float(a))[0] for a in ALPHAS]
-    fig.add_scatter(x=ALPHAS, y=best, mode="lines", line=dict(color="#111827", width=1.5, shape="hv"),
-                    name="best γ for each α", row=1, col=1)
+    # The best γ at each α, drawn only where it beats plain decoding (elsewhere the best γ is "don't speculate").
+    best = [best_gamma(costs, drafter, float(a)) for a in ALPHAS]
+    fig.add_scatter(x=ALPHAS, y=[g if s > 1 else None for g, s in best], mode="lines", connectgaps=False,
+                    line=dict(color="#111827", width=1.5, shape="hv"), name="best γ where it beats plain",
+                    row=1, col=1)
     mine = [r for r in runs if r.drafter == drafter]
     if mine:
         fig.add_scatter(
@@ -92,8 +94,8 @@ def breakeven_figure(costs: Costs | None, drafter: str, runs: Sequence[PlacedRun
     fig.add_scatter(x=[gammas[0], gammas[-1]], y=[costs.target_step_ms] * 2, mode="lines",
                     line=dict(color=COLORS["text"], dash="dash", width=2),
                     name=f"plain decoding, {costs.target_step_ms:.1f} ms per token", row=1, col=2)
-    fig.update_layout(**layout("", 500, margin={"l": 56, "r": 16, "t": 40, "b": 150}))
-    fig.update_layout(legend={"y": -0.17})
+    fig.update_layout(**layout("", 480, margin={"l": 56, "r": 16, "t": 40, "b": 110}))
+    fig.update_layout(legend={"y": -0.2})
     fig.update_annotations(font_size=12)
     fig.update_xaxes(axis(title_text="α (chance each guess is kept)", range=[0, 0.99]), row=1, col=1)
     fig.update_yaxes(axis(title_text="γ (guesses per round)", dtick=1 if len(gammas) <= 16 else None), row=1, col=1)

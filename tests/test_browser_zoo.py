@@ -41,7 +41,10 @@ def test_every_zoo_entry_shows_its_verdict_at_the_default_n(page, app_url):
     for key, verdict in EXPECTED.items():
         _pick(page, "#learn-zoo-key", LABELS[key])
         page.click("#learn-zoo-run")
-        text = _wait_text(page, "#learn-zoo-result", rf"^{verdict.upper()} · p-value", timeout=60_000)
+        page.wait_for_selector(f'#learn-zoo-result .zoo-result[data-key="{key}"]', timeout=60_000)
+        assert page.locator("#learn-zoo-result .zoo-result").get_attribute("data-verdict") == verdict
+        assert page.locator("#learn-zoo-result .zoo-verdict").inner_text().startswith(f"{verdict.upper()} · p-value")
+        text = page.locator("#learn-zoo-result").inner_text()
         assert "N = 20,000" in text or verdict == "exact", text
         if verdict == "hidden":
             # It cannot be seen at this N, and the note says which N would.
@@ -61,7 +64,7 @@ def test_every_zoo_entry_shows_its_verdict_at_the_default_n(page, app_url):
     # The picture: the top-k bug, with the table below it.
     _pick(page, "#learn-zoo-key", LABELS["q-before-topk"])
     page.click("#learn-zoo-run")
-    _wait_text(page, "#learn-zoo-result", r"^CAUGHT")
+    page.wait_for_selector('#learn-zoo-result .zoo-result[data-key="q-before-topk"]', timeout=60_000)
     _shot(page, "#learn-zoo-section", "zoo.png")
 
 
