@@ -55,12 +55,17 @@ def validate_custom_pair(
         check_model_id(model_id, role, allow_local)
     models = [inspect_model(model_id, role, allow_local) for model_id, role in pair]
     for m in models:
-        if m.parameters > max_params:
-            raise UnsupportedModelError(
-                f"{m.role} '{m.model_id}' is too large for this shared machine: ~{human_count(m.parameters)} "
-                f"parameters, cap {human_count(max_params)}"
-            )
+        check_size(m, max_params)
     check_shared_vocabulary(*models)
+
+
+def check_size(m: "ModelCheck", max_params: float = DEFAULT_MAX_PARAMS) -> None:
+    """Refuse a model over the parameter cap of this machine (counted or estimated before any download)."""
+    if m.parameters > max_params:
+        raise UnsupportedModelError(
+            f"{m.role} '{m.model_id}' is too large for this shared machine: ~{human_count(m.parameters)} "
+            f"parameters, cap {human_count(max_params)}"
+        )
 
 
 @dataclass

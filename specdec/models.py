@@ -420,6 +420,17 @@ def _pinned(name: str, custom: bool) -> bool:
     return len(PAIR_CACHE) == 0 or (not custom and name == os.environ.get("SPECDEC_PAIR", "default"))
 
 
+def pair_ids(name: str, target: str | None = None, draft: str | None = None) -> tuple[str, str]:
+    """The (target, draft) ids a request means: a preset's, with typed custom ids in place of either (a custom id
+    next to an unknown preset name takes the default preset's other model)."""
+    if target or draft:
+        base_t, base_d = PAIRS.get(name, PAIRS["default"])
+        return target or base_t, draft or base_d
+    if name not in PAIRS:
+        raise ModelLoadError(f"unknown model pair '{name}'; known pairs: {', '.join(PAIRS)}")
+    return PAIRS[name]
+
+
 def load_pair(
     name: str = "default",
     *,
@@ -444,15 +455,8 @@ def load_pair(
     every app session can share one copy. shared=False builds a private pair the cache never sees.
     """
     custom = bool(target or draft)
-    if custom:
-        base_t, base_d = PAIRS.get(name, PAIRS["default"])
-        target_id, draft_id = target or base_t, draft or base_d
-        label = "custom"
-    else:
-        if name not in PAIRS:
-            raise ModelLoadError(f"unknown model pair '{name}'; known pairs: {', '.join(PAIRS)}")
-        target_id, draft_id = PAIRS[name]
-        label = name
+    target_id, draft_id = pair_ids(name, target, draft)
+    label = "custom" if custom else name
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     dmap = resolve_device_map(device_map)

@@ -160,3 +160,18 @@ def test_set_max_pairs_trims_at_once(cache, monkeypatch):
 def test_private_pairs_bypass_the_cache(cache):
     p = load_pair(target="tiny:target:5", draft="tiny:draft:5", device="cpu", shared=False)
     assert p not in cache and len(cache) == 0
+
+
+def test_the_app_loader_lets_an_evicted_pair_go(cache):
+    from ui.loader import LoadJob, PairLoader, PairRequest
+
+    loader = PairLoader(measure=False)
+    load_pair("tiny", dtype="float32", device="cpu")  # the startup pair (pinned)
+    first = tiny(1)
+    ref = weakref.ref(first.target)
+    req = PairRequest("tiny", "tiny:target:1", "tiny:draft:1")
+    loader._jobs[req] = LoadJob(req, pair=first)  # as a finished background load leaves it
+    del first
+    tiny(2)  # over the limit: pair 1 leaves the cache, and the loader forgets its job
+    assert loader.peek(req) is None
+    assert dead(ref), "the loader must not keep an evicted pair alive"

@@ -18,12 +18,15 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, field
 
-from specdec.decoder import StepCosts, measure_step_costs
-from specdec.errors import InvalidInputError, SpecDecError, UnsupportedModelError
-from specdec.hub import DEFAULT_MAX_PARAMS, check_model_id, human_count, inspect_model, validate_custom_pair
-from specdec.models import PAIRS, ModelPair, load_pair
+from specdec.decoder import measure_step_costs
+from specdec.errors import InvalidInputError, SpecDecError
+from specdec.hub import DEFAULT_MAX_PARAMS, check_model_id, check_size, inspect_model, validate_custom_pair
+from specdec.metrics import StepCosts
+from specdec import models
+from specdec.models import PAIRS, ModelPair, load_pair, pair_ids
 
 BUILTIN_PREFIXES = ("embedded:", "tiny:")  # preset ids that are not hub ids or folders (see specdec.models.PAIRS)
 
@@ -81,20 +84,13 @@ def validate_request(req: PairRequest, max_params: float = DEFAULT_MAX_PARAMS, a
     """
     if not (req.target or req.draft):
         return
-    base_t, base_d = PAIRS.get(req.name, PAIRS["default"])
-    target, draft = req.target or base_t, req.draft or base_d
+    target, draft = pair_ids(req.name, req.target, req.draft)
     if not (target.startswith(BUILTIN_PREFIXES) or draft.startswith(BUILTIN_PREFIXES)):
         validate_custom_pair(target, draft, max_params=max_params, allow_local=allow_local)
         return
     for model_id, role in ((req.target, "target"), (req.draft, "draft")):
-        if not model_id:
-            continue
-        m = inspect_model(model_id, role, allow_local)
-        if m.parameters > max_params:
-            raise UnsupportedModelError(
-                f"{role} '{model_id}' is too large for this shared machine: ~{human_count(m.parameters)} "
-                f"parameters, cap {human_count(max_params)}"
-            )
+        if model_id:
+            check_size(inspect_model(model_id, role, allow_local), max_params)
 
 
 def measure_costs(pair: ModelPair, repeats: int = 2) -> StepCosts:
@@ -117,6 +113,10 @@ class PairLoader:
         self.max_params, self.allow_local, self.measure = max_params, allow_local, measure
         self._jobs: dict[PairRequest, LoadJob] = {}
         self._lock = threading.Lock()
+        # A job holds its pair; when the shared cache evicts that pair, forget the job so the memory can go once
+        # the last session decoding on it lets go (sessions hold their own reference meanwhile).
+        forget = weakref.WeakMethod(self._forget)  # the cache must not keep loaders alive
+        models.PAIR_CACHE.on_evict(lambda pair: (f := forget()) and f(pair))
         # Set once the server is up: step costs timed during startup would include Gradio's own start-up work.
         self.quiet = threading.Event()
         self.quiet.set()
@@ -130,6 +130,12 @@ class PairLoader:
                 self._jobs[req] = job
                 threading.Thread(target=self._run, args=(job,), name=f"load-{req.label}", daemon=True).start()
             return job
+
+    def _forget(self, pair: ModelPair) -> None:
+        with self._lock:
+            for req, job in list(self._jobs.items()):
+                if job.pair is pair:
+                    del self._jobs[req]
 
     def peek(self, req: PairRequest) -> LoadJob | None:
         """The job for this pair if one was ever requested; starts nothing."""

@@ -23,6 +23,7 @@ from components import render_round
 from specdec.decoder import SpeculativeDecoder
 from specdec.errors import SpecDecError
 from specdec.events import Round
+from specdec.models import pair_lease
 from specdec.record import RunRecord
 
 from .loader import LoadJob
@@ -122,7 +123,8 @@ class Session:
             self.pace()
             if self.run_id != run:
                 return None
-            rnd = self.decoder.step()
+            with pair_lease(self.decoder.pair):  # the shared cache keeps the pair while a round runs on it
+                rnd = self.decoder.step()
             self.add(rnd)
             return rnd
         finally:
