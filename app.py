@@ -35,6 +35,7 @@ import gradio as gr
 from components import empty_figure, render_legend, render_phases, render_stats, render_status
 from specdec.hub import DEFAULT_MAX_PARAMS
 from specdec.models import PAIRS
+from specdec.prompts import GROUNDED
 from specdec.trace import MAX_TRACE_BYTES
 from ui.controls import DRAFTER_INFO, POLICY_INFO, Number, Slider, drafter_choices, policy_choices
 from ui.learn_tab import build_learn_tab
@@ -71,8 +72,20 @@ KEYS_HINT = ('<div class="sd-keys">Keys (outside text fields): <kbd>S</kbd> step
              "<kbd>Esc</kbd> stop</div>")
 
 
+EXAMPLE_DEFAULTS = {"drafter": "model", "gamma": DEFAULTS["gamma"], "temperature": DEFAULTS["temperature"]}
+EXAMPLES_NOTE = (
+    "The grounded examples come first because they win here: the answer copies the prompt, so prompt lookup "
+    "(the n-gram drafter: no draft model, drafting costs nothing) keeps long runs of guesses. The short story is "
+    "the losing case on a CPU: free prose is hard to guess, and the 0.5B draft costs about 0.4 of a 1.5B target "
+    "step, so at T = 0.7 it runs slower than plain decoding. The Race tab runs both side by side."
+)
+
+
 def load_examples() -> list[dict]:
-    return json.loads((ASSETS / "examples.json").read_text())
+    """The playground's examples: the grounded tasks (specdec.prompts, with the settings they are shown with)
+    first, then assets/examples.json; each fills the prompt, chat mode, drafter, γ and temperature."""
+    rows = GROUNDED + json.loads((ASSETS / "examples.json").read_text())
+    return [{**EXAMPLE_DEFAULTS, **e} for e in rows]
 
 
 def build_demo(pg: Playground) -> gr.Blocks:
@@ -96,8 +109,8 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                             elem_id="sd-prompt")
                         chat = gr.Checkbox(first["chat"], label="Chat mode (wrap the prompt in the chat template)",
                                            elem_id="sd-chat")
-                        gr.Examples([[e["prompt"], e["chat"]] for e in examples], inputs=[prompt, chat],
-                                    example_labels=[e["label"] for e in examples], label="Example prompts")
+                        example_rows = [[e["prompt"], e["chat"], e["drafter"], e["gamma"], e["temperature"]]
+                                        for e in examples]
                         with gr.Row(elem_classes=["sd-buttons"]):
                             gen_btn = gr.Button("Generate", variant="primary", elem_id="sd-generate", min_width=90)
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop", min_width=90)
@@ -107,11 +120,11 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             reset_btn = gr.Button("Reset", elem_id="sd-reset", min_width=70)
                         gr.HTML(KEYS_HINT, js_on_load=None)
                         with gr.Accordion("Decoding settings", open=True):
-                            gamma = Slider(1, GAMMA_MAX_UI, DEFAULTS["gamma"], step=1, precision=0,
+                            gamma = Slider(1, GAMMA_MAX_UI, first["gamma"], step=1, precision=0,
                                            label="γ — draft tokens per round", elem_id="sd-gamma")
                             max_new = Slider(1, 512, DEFAULTS["max_new_tokens"], step=1, precision=0,
                                              label="Max new tokens", elem_id="sd-max-new")
-                            temperature = Slider(0, 2, DEFAULTS["temperature"], step=0.05,
+                            temperature = Slider(0, 2, first["temperature"], step=0.05,
                                                  label="Temperature (0 = greedy)", elem_id="sd-temperature")
                             with gr.Row():
                                 top_k = Number(DEFAULTS["top_k"], label="Top-k (0 = off)", precision=0, minimum=0,
@@ -121,10 +134,13 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             top_p = Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
                                            elem_id="sd-top-p")
                             with gr.Row():
-                                drafter = gr.Dropdown(drafter_choices(), value="model", label="Drafter",
+                                drafter = gr.Dropdown(drafter_choices(), value=first["drafter"], label="Drafter",
                                                       info=DRAFTER_INFO, elem_id="sd-drafter", min_width=140)
                                 policy = gr.Dropdown(policy_choices(), value="fixed", label="γ policy",
                                                      info=POLICY_INFO, elem_id="sd-policy", min_width=140)
+                        gr.Examples(example_rows, inputs=[prompt, chat, drafter, gamma, temperature],
+                                    example_labels=[e["label"] for e in examples], label="Example prompts")
+                        gr.Markdown(EXAMPLES_NOTE, elem_id="sd-examples-note")
                         with gr.Accordion("Models", open=False):
                             pair = gr.Dropdown(list(PAIRS), label="Model pair (target + draft)",
                                                value=pg.startup.name if pg.startup.name in PAIRS else "default",

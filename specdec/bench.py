@@ -20,25 +20,9 @@ import torch
 from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, measure_step_costs, plain_decode
 from .events import Round
 from .metrics import RunMetrics, summarize
+from .prompts import PROMPTS
 from .sampling import SamplingConfig
 
-PROMPTS = {
-    "code": [
-        "def fibonacci(n):",
-        "# Python: read a CSV file and print the sum of the 'amount' column\nimport csv\n",
-        "class Stack:\n    \"\"\"A simple LIFO stack.\"\"\"\n\n    def __init__(self):",
-    ],
-    "prose": [
-        "The history of the printing press begins",
-        "Once upon a time, in a small village by the sea,",
-        "Rain fell on the city all night, and by morning",
-    ],
-    "chat": [
-        "Explain what a hash map is in two sentences.",
-        "Give three tips for writing clear commit messages.",
-        "What is the difference between a list and a tuple in Python?",
-    ],
-}
 CONTENDERS = ("hf_plain", "hf_assisted", "ours_plain", "ours_spec")
 # Our timed loop builds the display candidates as the app's would, so the comparison includes that work (its share
 # is measured separately by render_overhead and by `--overhead`).

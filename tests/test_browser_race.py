@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from specdec.drafter_bench import GROUNDED
+from specdec.prompts import GROUNDED
 from tests.conftest import ARTIFACTS, ROOT, start_app, stop_app
 
 pytestmark = pytest.mark.browser

@@ -267,7 +267,7 @@ def test_the_chi_square_catches_a_smoothed_q_for_a_one_hot_proposal(no_eos, one_
 def test_real_pair_greedy_equals_plain_greedy_for_every_drafter(real_pair_fp32):
     """fp32 (bf16 on CPU is not bit-exact between one-token and many-token passes): code, prose and a grounded
     edit; every drafter, the gammas rotating over the prompts so each drafter meets several."""
-    from specdec.drafter_bench import GROUNDED
+    from specdec.prompts import GROUNDED
 
     pair = real_pair_fp32
     prompts = [("def fibonacci(n):\n", False), ("The history of the printing press begins", False),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec.decoder import DecodeSettings, plain_decode
-from specdec.drafter_bench import GROUNDED
+from specdec.prompts import GROUNDED
 from specdec.errors import InvalidInputError
 from specdec.race import LaneSpec, Race, parse_lanes
 from specdec.sampling import SamplingConfig

@@ -18,7 +18,7 @@ import gradio as gr
 
 from components.race import race_figure, render_race
 from specdec.decoder import DecodeSettings
-from specdec.drafter_bench import GROUNDED
+from specdec.prompts import GROUNDED
 from specdec.errors import InvalidInputError, SpecDecError
 from specdec.race import Race, parse_lanes
 from specdec.sampling import SamplingConfig
