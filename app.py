@@ -38,6 +38,7 @@ from specdec.models import PAIRS
 from specdec.prompts import GROUNDED
 from specdec.trace import MAX_TRACE_BYTES
 from ui.controls import DRAFTER_INFO, POLICY_INFO, Number, Slider, drafter_choices, policy_choices
+from ui.learn_extras import server_metrics_file
 from ui.learn_tab import build_learn_tab
 from ui.race import build_race_tab
 from ui.loader import PairLoader
@@ -180,6 +181,9 @@ def build_demo(pg: Playground) -> gr.Blocks:
                         with gr.Row(equal_height=False, elem_id="sd-trace"):
                             export_btn = gr.DownloadButton("Download trace (JSON)", value=None, interactive=False,
                                                            elem_id="sd-export", scale=1, min_width=200)
+                            metrics_btn = gr.DownloadButton("Server metrics (JSON, vLLM shape)", value=None,
+                                                            interactive=False, elem_id="sd-server-metrics", scale=1,
+                                                            min_width=200)
                             trace_file = gr.File(label="Replay a trace (JSON) — no model needed",
                                                  file_types=[".json"], file_count="single", type="filepath",
                                                  height=130, elem_id="sd-import", scale=2, min_width=260)
@@ -222,6 +226,10 @@ def build_demo(pg: Playground) -> gr.Blocks:
         recorded.change(guarded(pg.export_trace, 1), [session], [export_btn], api_name="export_trace",
                         **trace_limit).then(lambda path: gr.DownloadButton(interactive=path is not None), [export_btn],
                                             [export_btn], api_visibility="private", **light)
+        # The same run's acceptance counters as vLLM reports them (docs/server-metrics.md).
+        recorded.change(server_metrics_file, [recorded], [metrics_btn], api_visibility="private",
+                        **trace_limit).then(lambda path: gr.DownloadButton(interactive=path is not None),
+                                            [metrics_btn], [metrics_btn], api_visibility="private", **light)
 
         chart = [round_dd, pos_dd, pq_plot]
         tokens.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)

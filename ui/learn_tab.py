@@ -28,6 +28,7 @@ from specdec.sampling import SamplingConfig
 from specdec.zerogpu import gpu
 
 from .controls import Number, Slider
+from .learn_extras import build_breakeven, build_zoo_lab, build_zoo_real, zoo_css
 
 CSS_PATH = Path(__file__).resolve().parent.parent / "assets" / "learn.css"
 EXTRA_ROWS = (("fox", 10.0, 10.0), ("bee", 10.0, 10.0), ("elk", 10.0, 10.0))  # rows 4-6 when switched on
@@ -263,6 +264,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
     """Lay out the five Learn sections and wire their events; call inside `with gr.Tab("Learn"):`."""
     pair_name = os.environ.get("SPECDEC_PAIR", "default")
     gr.HTML(f"<style>{_css()}</style>", elem_id="learn-style", padding=False)
+    gr.HTML(zoo_css(), elem_id="learn-zoo-style", padding=False)
     gr.Markdown(
         "A small draft model guesses a few tokens; the large target model checks them all in one pass, keeps the "
         "good prefix, repairs the first bad guess, and the output still follows the target's own probabilities. "
@@ -341,6 +343,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
     lab_inputs = [lab_n, lab_seed, lab_repair, *editor]
     lab_run.click(run_lab, lab_inputs, [lab_plot, lab_out], concurrency_id="learn-lab", api_name="lab")
     lab_repair.change(run_lab, lab_inputs, [lab_plot, lab_out], concurrency_id="learn-lab")
+    build_zoo_lab(editor, lab_n, lab_seed)  # the bug zoo, on the same editor rows, N and seed
 
     # 4. Exactness on the real models ------------------------------------------------------------------
     gr.Markdown(
@@ -388,6 +391,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
     # The handler streams its own progress messages, so no overlay hides them.
     real_run.click(real_handler, [prefix, temp, top_k, top_p, gamma, real_n, real_k, real_seed], [real_plot, real_out],
                    concurrency_id="learn-real", concurrency_limit=1, show_progress="hidden")
+    build_zoo_real(get_pair, prefix, temp, top_k, top_p, real_n, real_seed)
 
     # 5. When it is faster ------------------------------------------------------------------------------
     gr.Markdown("### 5. When is it faster?")
@@ -408,3 +412,6 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
 
     recorded_rounds.change(on_recorded, [recorded_rounds, round_dd], round_dd)
     recorded_rounds.change(update_speedup, [c_slider, recorded_rounds], [sp_plot, sp_out])
+
+    # 6. Break-even measured on this machine (ui/learn_extras.py) ------------------------------------------
+    build_breakeven(recorded_rounds, get_pair)
