@@ -39,6 +39,7 @@ from specdec.prompts import GROUNDED
 from specdec.trace import MAX_TRACE_BYTES
 from ui.controls import DRAFTER_INFO, POLICY_INFO, Number, Slider, drafter_choices, policy_choices
 from ui.learn_extras import server_metrics_file
+from ui.batch_tab import build_batch_tab
 from ui.learn_tab import build_learn_tab
 from ui.race import build_race_tab
 from ui.loader import PairLoader
@@ -73,7 +74,8 @@ KEYS_HINT = ('<div class="sd-keys">Keys (outside text fields): <kbd>S</kbd> step
              "<kbd>Esc</kbd> stop</div>")
 
 
-EXAMPLE_DEFAULTS = {"drafter": "model", "gamma": DEFAULTS["gamma"], "temperature": DEFAULTS["temperature"]}
+EXAMPLE_DEFAULTS = {"drafter": "model", "gamma": DEFAULTS["gamma"], "temperature": DEFAULTS["temperature"],
+                    "prediction": ""}
 EXAMPLES_NOTE = (
     "The grounded examples come first because they win here: the answer copies the prompt, so prompt lookup "
     "(the n-gram drafter: no draft model, drafting costs nothing) keeps long runs of guesses. The short story is "
@@ -110,8 +112,12 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                             elem_id="sd-prompt")
                         chat = gr.Checkbox(first["chat"], label="Chat mode (wrap the prompt in the chat template)",
                                            elem_id="sd-chat")
-                        example_rows = [[e["prompt"], e["chat"], e["drafter"], e["gamma"], e["temperature"]]
-                                        for e in examples]
+                        # Shown when the predicted drafter is chosen: the text the output is expected to be.
+                        prediction = gr.Textbox(first["prediction"], label="Predicted output (the text you expect; "
+                                                "it drafts)", lines=4, max_lines=14,
+                                                visible=first["drafter"] == "predicted", elem_id="sd-prediction")
+                        example_rows = [[e["prompt"], e["chat"], e["drafter"], e["gamma"], e["temperature"],
+                                         e["prediction"]] for e in examples]
                         with gr.Row(elem_classes=["sd-buttons"]):
                             gen_btn = gr.Button("Generate", variant="primary", elem_id="sd-generate", min_width=90)
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="sd-stop", min_width=90)
@@ -139,7 +145,7 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                                       info=DRAFTER_INFO, elem_id="sd-drafter", min_width=140)
                                 policy = gr.Dropdown(policy_choices(), value="fixed", label="γ policy",
                                                      info=POLICY_INFO, elem_id="sd-policy", min_width=140)
-                        gr.Examples(example_rows, inputs=[prompt, chat, drafter, gamma, temperature],
+                        gr.Examples(example_rows, inputs=[prompt, chat, drafter, gamma, temperature, prediction],
                                     example_labels=[e["label"] for e in examples], label="Example prompts")
                         gr.Markdown(EXAMPLES_NOTE, elem_id="sd-examples-note")
                         with gr.Accordion("Models", open=False):
@@ -192,12 +198,16 @@ def build_demo(pg: Playground) -> gr.Blocks:
                 build_learn_tab(recorded, get_pair=pg.current_pair)
             with gr.Tab("Race", id="race"):
                 build_race_tab(get_pair=pg.current_pair)
+            with gr.Tab("Batch", id="batch"):
+                build_batch_tab(get_pair=pg.current_pair, allow_run=not pg.detached)
 
         # ------------------------------------------------------------------------------------------ wiring
         # drafter and γ policy last: gradio_client fills in their defaults for callers that send the first eleven
         # (raw HTTP calls send all thirteen)
         control_inputs = [prompt, chat, gamma, max_new, temperature, top_k, top_p, seed, pair, target, draft,
-                          drafter, policy]
+                          drafter, policy, prediction]
+        drafter.change(lambda d: gr.update(visible=d == "predicted"), drafter, prediction, queue=False,
+                       show_progress="hidden")
         outputs = [session, status, tokens, phases, stats, pq_plot, speed_plot, round_dd, pos_dd, text, recorded,
                    model]
         assert len(outputs) == len(Playground.OUTPUTS)

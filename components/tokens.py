@@ -74,6 +74,23 @@ def one_hot_note(rnd: Round) -> str:
             "elsewhere, and it is kept with probability min(1, p/1) = p")
 
 
+def prediction_note(rnd: Round) -> str | None:
+    """For the predicted drafter: which prediction tokens this round drew from, and whether it re-aligned there."""
+    n = rnd.note
+    if n is None or n.drafter != "predicted":
+        return None
+    if n.source_start is None:
+        return ("predicted output: the output has left the prediction and its last tokens match nowhere in it yet, "
+                "so nothing was proposed")
+    if rnd.gamma == 0:
+        return f"predicted output: the output has reached the end of the prediction ({n.source_start} tokens)"
+    span = f"prediction tokens {n.source_start}–{n.source_start + max(rnd.gamma, 1) - 1}"
+    if n.match_len:
+        return (f"predicted output: drew {span}, re-aligned after the output departed from the prediction "
+                f"(its last {n.match_len} token(s) match just before there)")
+    return f"predicted output: drew {span}, straight on from where the output is in the prediction"
+
+
 def _draft_tooltip(rnd: Round, i: int, fate: str) -> str:
     p, q, a, u = rnd.p_draft[i], rnd.q_draft[i], rnd.accept_probs[i], rnd.uniforms[i]
     lines = [
@@ -83,10 +100,14 @@ def _draft_tooltip(rnd: Round, i: int, fate: str) -> str:
     ]
     if rnd.one_hot:
         lines.append(one_hot_note(rnd))
+    if prediction_note(rnd):
+        lines.append(prediction_note(rnd))
     if fate == events.ACCEPTED:
         lines.append(f"u = {fmt_prob(u)} < {fmt_prob(a)}  →  accepted")
     elif fate == events.REJECTED:
         lines.append(f"u = {fmt_prob(u)} ≥ {fmt_prob(a)}  →  rejected")
+        if prediction_note(rnd):
+            lines.append("the model departs from the prediction here")
     elif fate == events.DISCARDED:
         lines.append(f"u = {fmt_prob(u)} (never used: an earlier guess was rejected, so this one was discarded)")
     else:
@@ -105,7 +126,7 @@ def _emitted_tooltip(rnd: Round) -> str:
             f"plain target step: the {rnd.drafter} drafter had nothing to propose this round, so the token was",
             "sampled from the target's own distribution p, as plain decoding would",
             f"p (target) = {fmt_prob(rnd.emitted_p)}",
-        ])
+        ] + ([prediction_note(rnd)] if prediction_note(rnd) else []))
     if rnd.is_bonus:
         return "\n".join([
             head,

@@ -44,11 +44,17 @@ def open_app(page, url: str) -> None:
 
 
 def set_controls(page, prompt: str, max_new: int = 400, seed: int = 0, chat: bool = False) -> None:
+    """The prompt and settings these tests use: the draft model at γ = 4, T = 0.7 (the page opens on a grounded
+    example with the n-gram drafter at T = 0)."""
     page.fill("#sd-prompt textarea", prompt)
     box = page.locator("#sd-chat input[type=checkbox]")
     if box.is_checked() != chat:
         box.click()
-    for sel, value in (("#sd-max-new input[type=number]", max_new), ("#sd-seed input[type=number]", seed)):
+    if page.locator("#sd-drafter input").input_value() != "draft model":
+        page.locator("#sd-drafter input").click()
+        page.get_by_role("option", name="draft model", exact=True).click()
+    for sel, value in (("#sd-max-new input[type=number]", max_new), ("#sd-seed input[type=number]", seed),
+                       ("#sd-gamma input[type=number]", 4), ("#sd-temperature input[type=number]", 0.7)):
         page.fill(sel, str(value))
         page.press(sel, "Enter")
 
@@ -131,6 +137,8 @@ def test_generate_streams_rounds_then_step_adds_exactly_one(page, app_url):
     page.keyboard.press("s")
     page.keyboard.press("s")
     wait_status(page, f"Stepped round {n + 4}")
+    # the status and the token view are separate DOM updates of one event: let the view catch up before counting
+    page.wait_for_function(f"() => document.querySelectorAll('{ROUNDS}').length >= {n + 4}", timeout=10_000)
     assert page.locator(ROUNDS).count() == n + 4
     settle(page)
     page.screenshot(path=str(ARTIFACTS / "playground-light.png"), full_page=True)

@@ -266,3 +266,29 @@ def test_bench_task_row_on_the_tiny_pair(tiny_pair):
     assert row["plain"]["tokens_per_pass"] == 1.0 and row["predicted"]["passes"] <= row["tokens"]
     p = pooled([row])
     assert p["predicted/plain"] == pytest.approx(row["predicted"]["tok_s"] / row["plain"]["tok_s"])
+
+
+# ------------------------------------------------------------------------------------------------ playground
+
+
+def test_playground_takes_a_prediction_and_the_token_view_names_its_span(monkeypatch):
+    import ui.session as session_mod
+    from components.tokens import round_chips
+    from tests.test_app_wiring import RECORDED, STATUS, controls, last
+    from ui.loader import PairLoader, PairRequest
+    from ui.playground import Playground, guarded
+
+    monkeypatch.setattr(session_mod, "MIN_ROUND_INTERVAL_S", 0.0)
+    pg = Playground(PairLoader(dtype="float32", device="cpu"), PairRequest("tiny"))
+    out = last(guarded(pg.generate)(None, *controls(), "predicted", "fixed", "Hello world, hello"))
+    session = out[0]
+    assert session.decoder.settings.prediction == "Hello world, hello"
+    assert out[RECORDED][0].settings.prediction == "Hello world, hello"  # the trace carries it
+    first = round_chips(session.rounds[0])
+    assert "drew prediction tokens 0–" in first[0].tooltip
+    assert any("departs from the prediction" in ch.tooltip for r in session.rounds for ch in round_chips(r)
+               if ch.kind == "rej")
+    out = last(guarded(pg.generate)(None, *controls(), "predicted", "fixed", "  "))
+    assert "sd-status-error" in out[STATUS] and "needs a prediction" in out[STATUS]
+    # API callers that send only the first thirteen controls get no prediction (the draft model needs none)
+    assert last(guarded(pg.generate)(None, *controls(), "model", "fixed"))[0].decoder.settings.prediction == ""

@@ -32,8 +32,10 @@ DRAFTER_LABELS = {
     "ngram": "n-gram lookup",
     "early-exit": "early exit",
     "cross": "cross-tokenizer",
+    "predicted": "predicted output",
 }
-DRAFTER_INFO = "who proposes the guesses; n-gram and cross-tokenizer guesses have a one-hot q"
+DRAFTER_INFO = ("who proposes the guesses; n-gram, cross-tokenizer and predicted-output guesses have a one-hot q; "
+                "predicted output drafts from the text you expect (the box under the prompt)")
 POLICY_LABELS = {
     "fixed": "fixed γ",
     "heuristic": "heuristic (+2 / −1)",
@@ -116,6 +118,7 @@ class Controls:
     draft: str
     drafter: str = "model"
     gamma_policy: str = "fixed"
+    prediction: str = ""  # the predicted drafter's expected output
 
     def settings(self) -> DecodeSettings:
         """Checked settings, so bad input is refused before any model loads."""
@@ -125,7 +128,8 @@ class Controls:
                               max_new_tokens=whole(self.max_new_tokens, "max new tokens"),
                               sampling=sampling, seed=whole(self.seed, "seed"), chat=bool(self.chat),
                               drafter=choice(self.drafter, "drafter", DRAFTERS),
-                              gamma_policy=choice(self.gamma_policy, "γ policy", GAMMA_POLICIES)).validate()
+                              gamma_policy=choice(self.gamma_policy, "γ policy", GAMMA_POLICIES),
+                              prediction=self.prediction if self.prediction is not None else "").validate()
         check_combination(settings)  # e.g. the ngram drafter has no confidence to stop on
         return settings
 
