@@ -35,22 +35,16 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from transformers import DynamicCache
 
-from .decoder import encode_prompt, make_generator, resolve_draft_vocab
+from .decoder import encode_prompt, make_generator, resolve_draft_vocab, synchronize
 from .errors import InvalidInputError
-from .kvcache import CachedLM
+from .kvcache import CachedLM, check_rollback, rollback_cache
 from .models import ModelPair
 from .sampling import sample, warp
 from .settings import DecodeSettings
 from .verify import verify_batch
 
 MAX_BATCH = 16
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def encode_batch(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
@@ -84,7 +78,8 @@ class BatchLM:
     def __init__(self, model: torch.nn.Module, vocab_size: int, head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
         self.model = model
         self.vocab_size = vocab_size
-        self.cache = DynamicCache(config=model.config)
+        check_rollback(model.config)
+        self.cache = rollback_cache()  # rows are cropped back after every round (kvcache.rollback_cache)
         self.length = 0  # columns held in the cache (the same for every row)
         self.head = CachedLM(model, vocab_size, head_vocab, always_keep)  # head bookkeeping only; its cache is unused
 
@@ -331,7 +326,7 @@ class BatchedSpeculativeDecoder:
         width = rows.width
         act = rows.active_col()
         was_active = list(rows.active)
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         if self._t0 is None:
             self._t0 = t0
@@ -349,7 +344,7 @@ class BatchedSpeculativeDecoder:
             guesses.append(sample(q, self.gen))
             qs.append(q)
         draft_tokens, q = torch.stack(guesses, 1), torch.stack(qs, 1)  # [B, g], [B, g, V]
-        _sync(dev)
+        synchronize(dev)
         t1 = time.perf_counter()
 
         # Verify: one target pass over (last committed column + g guesses) for every row.
@@ -359,7 +354,7 @@ class BatchedSpeculativeDecoder:
         bv = verify_batch(draft_tokens, q, p, self.gen)
         n_acc = bv.n_accepted.tolist()
         nxt = bv.next_token.tolist()
-        _sync(dev)
+        synchronize(dev)
         t2 = time.perf_counter()
 
         m = min(n for n, a in zip(n_acc, was_active) if a)
@@ -409,13 +404,13 @@ def plain_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = Deco
     gen = make_generator(pair.device, s.seed)
     tok = pair.tokenizer
     rounds: list[BatchRound] = []
-    _sync(pair.device)
+    synchronize(pair.device)
     start = time.perf_counter()
     while not rows.done:
         t0 = time.perf_counter()
         was_active = list(rows.active)
         y = sample(warp(lm.forward(rows.tokens[:, lm.length :], rows.mask, 1)[:, -1], s.sampling), gen).tolist()
-        _sync(pair.device)
+        synchronize(pair.device)
         t1 = time.perf_counter()
         emitted = rows.commit([[t] for t in y], 1, (t1 - start) * 1e3)
         rnd = BatchRound(len(rounds), 0, was_active, [None] * len(y), 0, emitted,

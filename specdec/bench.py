@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from .decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, measure_step_costs, plain_decode
+from .decoder import (DecodeSettings, SpeculativeDecoder, encode_prompt, measure_step_costs, plain_decode,
+                      synchronize)
 from .events import Round
 from .metrics import RunMetrics, summarize
 from .prompts import PROMPTS
@@ -80,11 +80,6 @@ def _hf_kwargs(s: DecodeSettings) -> dict:
     return {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k or None, "top_p": cfg.top_p}
 
 
-def _sync(pair):
-    if pair.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def assistant_for(draft: torch.nn.Module, gamma: int) -> torch.nn.Module:
     """The draft as transformers' assisted generation should run it here (constant gamma, no confidence stop).
 
@@ -104,11 +99,11 @@ def run_hf(pair, prompt_ids, s: DecodeSettings, assisted: bool, gamma: int) -> t
     if assisted:
         kw["assistant_model"] = assistant_for(pair.draft, gamma)
     torch.manual_seed(s.seed)
-    _sync(pair)
+    synchronize(pair.device)
     t0 = time.perf_counter()
     out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
                                min_new_tokens=0, pad_token_id=pair.tokenizer.pad_token_id, **kw)
-    _sync(pair)
+    synchronize(pair.device)
     return out.shape[1] - ids.shape[1], time.perf_counter() - t0, []
 
 
@@ -123,7 +118,7 @@ def run_ours_spec(pair, prompt, s):
     dec = SpeculativeDecoder(pair, prompt, s, top_k=TIMED_TOP_K)
     for _ in dec:
         pass
-    _sync(pair)
+    synchronize(pair.device)
     return len(dec.generated_ids), time.perf_counter() - t0, dec.rounds
 
 

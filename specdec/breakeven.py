@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .decoder import _sync, encode_prompt
+from .decoder import synchronize, encode_prompt
 from .drafters import make_drafter
 from .errors import InvalidInputError, SpecDecError
 from .kvcache import CachedLM
@@ -100,10 +100,10 @@ class Costs:
 
 
 def _timed(fn, device) -> float:
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     fn()
-    _sync(device)
+    synchronize(device)
     return (time.perf_counter() - t0) * 1e3
 
 

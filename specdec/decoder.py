@@ -19,6 +19,7 @@ from .events import Round, TokenProb, Totals
 from .kvcache import PLAIN_HEAD_TYPES, CachedLM
 from .metrics import StepCosts, loop_cost_ratio, predicted_speedup
 from .models import ModelPair
+from .record import RunRecord
 from .sampling import sample, warp
 from .settings import (DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS,  # noqa: F401
                        TOP_DISPLAY, DecodeSettings)
@@ -73,7 +74,8 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer read after it measures the work (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -150,17 +152,17 @@ class SpeculativeDecoder:
             asked = self.gamma_schedule[len(self.rounds)]
         # Drafting past the token budget is wasted work: at most remaining-1 guesses plus the repair/bonus.
         gamma = max(1, min(asked, remaining - 1))
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         if self._t_start is None:
             self._t_start = t0
         draft = self.drafter.propose(self.ids, gamma, cfg, self.gen)
-        _sync(dev)
+        synchronize(dev)
         t1 = time.perf_counter()
         g = int(draft.tokens.shape[0])
         p = warp(self.target.logits_after(self.ids, draft.tokens.tolist(), g + 1), cfg)
         verdict = verify(draft.tokens, draft.probs, p, self.gen)
-        _sync(dev)
+        synchronize(dev)
         t2 = time.perf_counter()
 
         committed = verdict.tokens[:remaining]
@@ -244,10 +246,8 @@ class SpeculativeDecoder:
             note=draft.note,
         )
 
-    def record(self, costs: StepCosts | None = None, label: str = ""):
+    def record(self, costs: StepCosts | None = None, label: str = "") -> RunRecord:
         """The run so far as one typed RunRecord (what traces, the playground and the Learn tab consume)."""
-        from .record import RunRecord
-
         return RunRecord.from_decoder(self, costs, label)
 
 
@@ -284,10 +284,10 @@ def plain_decode(pair: ModelPair, prompt, settings: DecodeSettings = DecodeSetti
     ids = list(prompt_ids)
     times = []  # the first step also runs the prompt, as generate() does
     for _ in range(s.max_new_tokens):
-        _sync(pair.device)
+        synchronize(pair.device)
         t0 = time.perf_counter()
         tok = int(sample(warp(lm.logits_after(ids)[-1], s.sampling), gen))
-        _sync(pair.device)
+        synchronize(pair.device)
         times.append((time.perf_counter() - t0) * 1e3)
         ids.append(tok)
         if tok in pair.eos_token_ids:

@@ -65,7 +65,8 @@ def _assistant_knobs(model: torch.nn.Module, gamma: int):
 @torch.inference_mode()
 def run_hf(pair, prompt_ids, s, equivalent: bool, cross_draft=None) -> tuple[int, float]:
     """transformers generate(): plain, or with the drafter's transformers equivalent."""
-    from .bench import _hf_kwargs, _sync, assistant_for
+    from .bench import _hf_kwargs, assistant_for
+    from .decoder import synchronize
     from .drafters.early_exit import resolve_exit_layer
 
     ids = torch.tensor([prompt_ids], device=pair.device)
@@ -84,11 +85,11 @@ def run_hf(pair, prompt_ids, s, equivalent: bool, cross_draft=None) -> tuple[int
                       assistant_tokenizer=cross_draft.tokenizer)
     torch.manual_seed(s.seed)
     with knobs:
-        _sync(pair)
+        synchronize(pair.device)
         t0 = time.perf_counter()
         out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
                                    min_new_tokens=0, pad_token_id=pair.tokenizer.pad_token_id, **kw)
-        _sync(pair)
+        synchronize(pair.device)
     return out.shape[1] - ids.shape[1], time.perf_counter() - t0
 
 

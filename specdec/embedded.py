@@ -110,41 +110,36 @@ def assemble_gguf(model: EmbeddedModel, dest: Path, progress: Progress | None = 
 _convert_lock = threading.Lock()
 
 
-def embedded_folder(slug: str, progress: Progress | None = None) -> Path:
-    """Return the converted safetensors folder for an embedded model, building it on first use.
+def gguf_to_safetensors(src: Path, gguf_name: str, dest: Path) -> None:
+    """Load a GGUF model and its tokenizer with transformers (weights dequantized) and save both to `dest`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    The folder is built in a temp dir beside its final place and renamed in one step, so a concurrent first
-    load in another process either finds a complete folder or builds its own and discards it.
-    """
-    model = EMBEDDED[slug]
-    final = cache_dir() / f"{slug}-v{CACHE_FORMAT}"
+    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=gguf_name)
+    lm = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=gguf_name, dtype=torch.float32)
+    # A GGUF-loaded model carries a quantizer that refuses save_pretrained; the weights are already dequantized,
+    # so dropping it saves plain full-precision tensors.
+    lm.hf_quantizer = None
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    lm.save_pretrained(str(dest))
+    tok.save_pretrained(str(dest))
+
+
+def cached_conversion(final: Path, build: Callable[[Path], dict]) -> Path:
+    """`final` once it holds a finished conversion; else `build(tmp)` writes one into a temp dir beside it and
+    returns its metadata (saved as specdec.json), and the dir is renamed into place in one step, so a concurrent
+    first load in another process either finds a complete folder or builds its own and discards it."""
     if (final / "specdec.json").exists():
         return final
     with _convert_lock:
         if (final / "specdec.json").exists():
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{slug}-", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         tmp.chmod(0o755)  # mkdtemp makes it private; the app may run as another user (Docker, Spaces)
         try:
-            gguf_path = assemble_gguf(model, tmp, progress)
-            say(progress, f"converting {model.gguf_name} to safetensors (one time, about a minute)")
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(str(tmp), gguf_file=model.gguf_name)
-            lm = AutoModelForCausalLM.from_pretrained(str(tmp), gguf_file=model.gguf_name, dtype=torch.float32)
-            # A GGUF-loaded model carries a quantizer that refuses save_pretrained; the weights are already
-            # dequantized, so dropping it saves plain full-precision tensors.
-            lm.hf_quantizer = None
-            if hasattr(lm.config, "quantization_config"):
-                del lm.config.quantization_config
-            lm.save_pretrained(str(tmp))
-            tok.save_pretrained(str(tmp))
-            del lm
-            gguf_path.unlink()
-            (tmp / "specdec.json").write_text(
-                json.dumps({"source": model.gguf_name, "sha256": model.sha256, "upstream": model.upstream})
-            )
+            meta = build(tmp)
+            (tmp / "specdec.json").write_text(json.dumps(meta))
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -154,3 +149,17 @@ def embedded_folder(slug: str, progress: Progress | None = None) -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def embedded_folder(slug: str, progress: Progress | None = None) -> Path:
+    """Return the converted safetensors folder for an embedded model, building it on first use."""
+    model = EMBEDDED[slug]
+
+    def build(tmp: Path) -> dict:
+        gguf_path = assemble_gguf(model, tmp, progress)
+        say(progress, f"converting {model.gguf_name} to safetensors (one time, about a minute)")
+        gguf_to_safetensors(tmp, model.gguf_name, tmp)
+        gguf_path.unlink()
+        return {"source": model.gguf_name, "sha256": model.sha256, "upstream": model.upstream}
+
+    return cached_conversion(cache_dir() / f"{slug}-v{CACHE_FORMAT}", build)

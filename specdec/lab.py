@@ -172,29 +172,40 @@ def sample_first_tokens(
 ) -> torch.Tensor:
     """Token index emitted first by n independent one-guess rounds at one position: LongTensor [n].
 
-    Each round drafts x ~ q and hands (x, q, p) to verify_batch, which keeps x or repairs. The bonus row is
-    filled with p as a placeholder: the first emitted token never depends on it. Rounds run in batches sized
-    so the [rows, V] tensors inside verify_batch stay small. With time_budget_s, batching stops once the budget
-    is spent, so fewer than n rounds may come back (only matters for vocabulary-wide rows).
+    Each round drafts x ~ q and hands (x, q, p) to verify_batch, which keeps x or repairs (see sample_rounds).
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_LAB_ROUNDS:
-        raise LabInputError(f"the number of rounds must be a whole number from 1 to {MAX_LAB_ROUNDS:,}, got {n!r}")
     pt, qt = _as_prob_tensor(p), _as_prob_tensor(q)
     if pt.shape != qt.shape or pt.dim() != 1:
         raise LabInputError("p and q must be 1-D over the same tokens")
+    return sample_rounds(qt, qt, pt, n, generator, repair, time_budget_s)
+
+
+def sample_rounds(drawn: torch.Tensor, q: torch.Tensor, p: torch.Tensor, n: int,
+                  generator: torch.Generator | None = None, repair: str | Callable | None = None,
+                  time_budget_s: float | None = None) -> torch.Tensor:
+    """The first emitted token of n one-guess rounds: x ~ drawn, then verify_batch(x, q, p, repair).
+
+    `drawn` is what the draft really samples from and `q` what the rule is told; they are the same distribution
+    in a correct implementation, and the bug zoo passes them apart (and unnormalized) to reproduce a mistake.
+    The bonus row is filled with p as a placeholder: the first emitted token never depends on it. Rounds run in
+    batches sized so the [rows, V] tensors inside verify_batch stay small. With time_budget_s, batching stops once
+    the budget is spent, so fewer than n rounds may come back (only matters for vocabulary-wide rows).
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_LAB_ROUNDS:
+        raise LabInputError(f"the number of rounds must be a whole number from 1 to {MAX_LAB_ROUNDS:,}, got {n!r}")
     rep = resolve_repair(repair)
-    v = pt.shape[0]
+    v = p.shape[0]
     rows = max(1, MAX_CELLS_PER_CALL // (2 * v))
-    target_rows = torch.stack([pt, pt])  # [2, V]: the checked position, then the (unused) bonus position
+    target_rows = torch.stack([p, p])  # [2, V]: the checked position, then the (unused) bonus position
     out = []
     t0 = time.perf_counter()
     for start in range(0, int(n), rows):
         if out and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             break
         b = min(rows, int(n) - start)
-        x = torch.multinomial(qt, b, replacement=True, generator=generator)  # the draft's guesses
+        x = torch.multinomial(drawn, b, replacement=True, generator=generator)  # the draft's guesses
         verdict = verify_mod.verify_batch(
-            x[:, None], qt.expand(b, 1, v), target_rows.expand(b, 2, v), generator, repair=rep
+            x[:, None], q.expand(b, 1, v), target_rows.expand(b, 2, v), generator, repair=rep
         )
         out.append(torch.where(verdict.n_accepted > 0, x, verdict.next_token))
     return torch.cat(out)

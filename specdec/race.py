@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from .decoder import BaselineResult, SpeculativeDecoder, _sync, encode_prompt, make_generator
+from .decoder import BaselineResult, SpeculativeDecoder, synchronize, encode_prompt, make_generator
 from .errors import InvalidInputError
 from .events import ACCEPTED, DraftNote, Round
 from .kvcache import CachedLM
@@ -226,7 +226,7 @@ class Race:
         self._turn += 1
         runner = self._runners[lane.index]
         dev = self.pair.device
-        _sync(dev)
+        synchronize(dev)
         t0 = time.perf_counter()
         if lane.plain:
             new, rnd = runner.step(), None
@@ -236,7 +236,7 @@ class Race:
             new = list(rnd.committed_ids)
             origins = ["guess" if f == ACCEPTED else "target" for f in rnd.fates[: len(new)]]
             origins += ["target"] * (len(new) - len(origins))  # the repair or bonus token
-        _sync(dev)
+        synchronize(dev)
         lane.elapsed_ms += (time.perf_counter() - t0) * 1e3
         lane.steps += 1
         lane.target_passes += 1

@@ -31,13 +31,11 @@ import numpy as np
 import torch
 from scipy import optimize, stats
 
-from . import verify as verify_mod
 from .decoder import encode_prompt, resolve_draft_vocab
 from .drafters import DraftModelDrafter
 from .errors import InvalidInputError
 from .kvcache import CachedLM
-from .lab import MAX_CELLS_PER_CALL, MAX_LAB_ROUNDS, ChiSquare, HundredPoints, LabInputError, chi_square, \
-    resolve_repair, total_variation
+from .lab import ChiSquare, HundredPoints, LabInputError, chi_square, resolve_repair, sample_rounds, total_variation
 from .sampling import SamplingConfig, warp
 
 LEVEL = 1e-3  # the significance level the Learn tab's verdict uses (components.learn.verdict_of)
@@ -303,28 +301,10 @@ def sample_construction(c: Construction, n: int, generator: torch.Generator | No
                         time_budget_s: float | None = None) -> torch.Tensor:
     """Token index emitted first by n one-guess rounds: x ~ drawn, then verify_batch(x, q, p, repair).
 
-    As in lab.sample_first_tokens, the bonus row is a placeholder (the first emitted token never depends on it)
-    and rounds run in batches that keep verify_batch's [rows, V] tensors small. Unlike it, q is passed as built,
-    never renormalized: a wrong q is part of what is reproduced.
+    Through lab.sample_rounds, the lab's own loop; q is passed as built, never renormalized: a wrong q is part of
+    what is reproduced.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_LAB_ROUNDS:
-        raise LabInputError(f"the number of rounds must be a whole number from 1 to {MAX_LAB_ROUNDS:,}, got {n!r}")
-    drawn, q, p = (c.drawn.float(), c.q.float(), c.p.float())
-    v = drawn.shape[0]
-    rep = resolve_repair(c.repair)
-    rows = max(1, MAX_CELLS_PER_CALL // (2 * v))
-    target_rows = torch.stack([p, p])
-    out = []
-    t0 = time.perf_counter()
-    for start in range(0, int(n), rows):
-        if out and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-            break
-        b = min(rows, int(n) - start)
-        x = torch.multinomial(drawn, b, replacement=True, generator=generator)  # the draft's real guesses
-        verdict = verify_mod.verify_batch(x[:, None], q.expand(b, 1, v), target_rows.expand(b, 2, v), generator,
-                                          repair=rep)
-        out.append(torch.where(verdict.n_accepted > 0, x, verdict.next_token))
-    return torch.cat(out)
+    return sample_rounds(c.drawn.float(), c.q.float(), c.p.float(), n, generator, c.repair, time_budget_s)
 
 
 # ------------------------------------------------------------------------------------------ power

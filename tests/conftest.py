@@ -29,6 +29,25 @@ def tiny_pair():
     return load_pair("tiny", dtype="float32", device="cpu")
 
 
+@pytest.fixture(scope="module")
+def no_eos(tiny_pair):
+    """The tiny pair with EOS switched off: runs have a known length, and the first 3 tokens are always 3."""
+    import dataclasses
+
+    return dataclasses.replace(tiny_pair, eos_token_ids=())
+
+
+@pytest.fixture
+def one_thread():
+    """Thousands of tiny forward passes: one thread avoids paying thread hand-offs on every small matmul."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def real_pair_fp32():
     from specdec.models import load_pair

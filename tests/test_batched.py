@@ -28,12 +28,6 @@ PROMPTS = ["def fibonacci(n):", "Hi", "The quick brown fox jumps over the lazy d
 CHI_CFG = SamplingConfig(temperature=1.5, top_k=12)  # a spread-out p, so a wrong row is visible quickly
 
 
-@pytest.fixture
-def no_eos(tiny_pair):
-    """The tiny pair with EOS switched off, so every row runs to its budget."""
-    return dataclasses.replace(tiny_pair, eos_token_ids=())
-
-
 @pytest.mark.parametrize("gamma", [1, 2, 4, 7])
 def test_greedy_rows_equal_batch1_greedy(tiny_pair, gamma):
     s = DecodeSettings(gamma=gamma, max_new_tokens=30)

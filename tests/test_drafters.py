@@ -26,21 +26,6 @@ REFUSED = {("ngram", "confidence")}
 COMBOS = [(d, g) for d in DRAFTERS for g in GAMMA_POLICIES if (d, g) not in REFUSED]
 
 
-@pytest.fixture(scope="module")
-def no_eos(tiny_pair):
-    """The tiny pair with EOS switched off: runs have a known length, and the first 3 tokens are always 3."""
-    return dataclasses.replace(tiny_pair, eos_token_ids=())
-
-
-@pytest.fixture
-def one_thread():
-    """Thousands of tiny forward passes: one thread avoids paying thread hand-offs on every small matmul."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ------------------------------------------------------------------------------------------------- ngram
 
 

@@ -21,12 +21,6 @@ PROMPT = "def fibonacci(n):"
 SAMPLED = SamplingConfig(temperature=0.9, top_k=40, top_p=0.95)
 
 
-@pytest.fixture
-def no_eos(tiny_pair):
-    """The tiny pair with EOS switched off, for tests that need a run of a known length."""
-    return dataclasses.replace(tiny_pair, eos_token_ids=())
-
-
 def run(pair, prompt=PROMPT, **kw):
     dec = SpeculativeDecoder(pair, prompt, DecodeSettings(**kw))
     rounds = list(dec)

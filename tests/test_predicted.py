@@ -23,20 +23,6 @@ POLICIES = ("fixed", "heuristic", "expected")  # confidence is refused: a one-ho
 N_SAMPLES = 500
 
 
-@pytest.fixture(scope="module")
-def no_eos(tiny_pair):
-    """The tiny pair with EOS switched off: runs have a known length, and the first 3 tokens are always 3."""
-    return dataclasses.replace(tiny_pair, eos_token_ids=())
-
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ---------------------------------------------------------------------------------------------- re-alignment
 
 

