@@ -141,7 +141,9 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             top_p = Slider(0.05, 1.0, DEFAULTS["top_p"], step=0.05, label="Top-p (1 = off)",
                                            elem_id="sd-top-p")
                             with gr.Row():
-                                drafter = gr.Dropdown(drafter_choices(), value=first["drafter"], label="Drafter",
+                                # "model" is the API default (callers that send the first eleven controls); the page
+                                # switches to the first example's drafter when it loads (demo.load below)
+                                drafter = gr.Dropdown(drafter_choices(), value="model", label="Drafter",
                                                       info=DRAFTER_INFO, elem_id="sd-drafter", min_width=140)
                                 policy = gr.Dropdown(policy_choices(), value="fixed", label="γ policy",
                                                      info=POLICY_INFO, elem_id="sd-policy", min_width=140)
@@ -249,6 +251,7 @@ def build_demo(pg: Playground) -> gr.Blocks:
 
         timer.tick(pg.model_tick, [pair, target, draft], [model, timer], api_visibility="private", **light)
         demo.load(pg.model_tick, [pair, target, draft], [model, timer], api_visibility="private", **light)
+        demo.load(lambda: first["drafter"], None, [drafter], api_visibility="private", **light)
         pair.input(pg.preload, [pair], [model, timer], api_visibility="private", **light)
     return demo
 

@@ -41,6 +41,9 @@ def open_app(page, url: str) -> None:
     page.wait_for_selector("#sd-generate")
     # the tiny pair loads (and is timed) in the background; the badge says when it is ready
     page.wait_for_selector('#sd-model-badge [data-state="ready"]', timeout=60_000)
+    # the page switches the drafter to the first example's once loaded; wait, so set_controls is not undone
+    page.wait_for_function("() => document.querySelector('#sd-drafter input').value === 'n-gram lookup'",
+                           timeout=30_000)
 
 
 def set_controls(page, prompt: str, max_new: int = 400, seed: int = 0, chat: bool = False) -> None:

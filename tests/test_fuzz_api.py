@@ -249,12 +249,14 @@ model_ids = st.one_of(st.just(""), st.just(""), safe_text,
 @st.composite
 def playground_args(draw):
     v = draw(valid)
-    # drafter and gamma policy: the n-gram drafter refuses the confidence policy (a handled error)
+    # drafter, gamma policy and prediction: the n-gram and predicted drafters refuse the confidence policy, and the
+    # predicted drafter needs a prediction (handled errors)
     args = [v["prompt"], v["chat"], v["gamma"], v["max_new"], v["temperature"], v["top_k"], v["top_p"], v["seed"],
-            "tiny", "", "", draw(st.sampled_from(["model", "model", "ngram"])),
-            draw(st.sampled_from(["fixed", "heuristic", "confidence", "expected"]))]
+            "tiny", "", "", draw(st.sampled_from(["model", "model", "ngram", "predicted"])),
+            draw(st.sampled_from(["fixed", "heuristic", "confidence", "expected"])),
+            draw(st.sampled_from(["", "Hello world, hello", PAYLOADS[1]]))]
     # break some fields (none, one or several): the rest stays valid so the handlers, not just Gradio, get fuzzed
-    for i in draw(st.lists(st.integers(0, 12), max_size=3, unique=True)):
+    for i in draw(st.lists(st.integers(0, 13), max_size=3, unique=True)):
         if i == 0:
             args[i] = draw(texts)
         elif i == 1:
@@ -370,15 +372,16 @@ def test_fuzz_every_endpoint(fuzz_app, base_trace, tmp_path):
         return handle_file(str(path))
 
     # Fixed edge cases first: each is one call that must be answered with a message.
-    # all thirteen controls: a raw HTTP call (the fallback when gradio_client refuses NaN) must send every input
-    valid_args = ("Hello world", False, 4, 16, 0.7, 0, 1.0, 0, "tiny", "", "", "model", "fixed")
+    # all fourteen controls: a raw HTTP call (the fallback when gradio_client refuses NaN) must send every input
+    valid_args = ("Hello world", False, 4, 16, 0.7, 0, 1.0, 0, "tiny", "", "", "model", "fixed", "")
     fixed = [
         ("/generate", ("x" * 200_000,) + valid_args[1:]),
         ("/generate", ("Hello",) + valid_args[1:4] + (float("nan"),) + valid_args[5:]),
         ("/step", valid_args[:2] + (-3,) + valid_args[3:]),
         ("/step", valid_args[:7] + (10**40,) + valid_args[8:]),
         ("/generate", valid_args[:8] + ("tiny", "bad id with spaces", "") + valid_args[11:]),
-        ("/generate", valid_args[:11] + ("ngram", "confidence")),  # a refused combination: a message
+        ("/generate", valid_args[:11] + ("ngram", "confidence", "")),  # a refused combination: a message
+        ("/generate", valid_args[:11] + ("predicted", "fixed", "")),  # the predicted drafter without a prediction
         ("/generate", (PAYLOADS[1],) + valid_args[1:]),
         ("/import_trace", (upload(json.dumps(base_trace).encode()),)),
         ("/export_trace", ()),
