@@ -39,8 +39,15 @@ def no_draft(vocab_size: int, device, note: DraftNote | None = None) -> Draft:
     return Draft(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, vocab_size, device=device), note)
 
 
-def one_hot_draft(tokens: list[int], vocab_size: int, device, note: DraftNote) -> Draft:
-    """A deterministic proposal: q is 1 on each proposed token and 0 elsewhere, exactly what it was "drawn" from."""
+def one_hot_draft(tokens: list[int], vocab_size: int, device, note: DraftNote, stop_ids=()) -> Draft:
+    """A deterministic proposal: q is 1 on each proposed token and 0 elsewhere, exactly what it was "drawn" from.
+
+    The proposal ends after the first of `stop_ids` (EOS) in it: nothing after an end of text could be committed.
+    """
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            tokens = tokens[: i + 1]
+            break
     t = torch.tensor(tokens, dtype=torch.long, device=device)
     q = torch.zeros(len(tokens), vocab_size, device=device)
     if tokens:

@@ -84,13 +84,8 @@ class NgramDrafter:
         if found is None:
             return no_draft(self.vocab_size, self.device, DraftNote("ngram", one_hot=True))
         src, n, tokens = found
-        # A copied EOS ends the proposal: nothing after it could be committed.
-        for i, t in enumerate(tokens):
-            if t in self.eos:
-                tokens = tokens[: i + 1]
-                break
         return one_hot_draft(tokens, self.vocab_size, self.device,
-                             DraftNote("ngram", one_hot=True, source_start=src, match_len=n))
+                             DraftNote("ngram", one_hot=True, source_start=src, match_len=n), self.eos)
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         pass

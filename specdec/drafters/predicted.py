@@ -122,12 +122,8 @@ class PredictedDrafter:
         if not tokens:  # the output has reached the end of the prediction: the note says where it is
             return no_draft(self.vocab_size, self.device,
                             DraftNote("predicted", one_hot=True, source_start=start, match_len=matched))
-        for i, t in enumerate(tokens):  # an EOS in the prediction ends the proposal: nothing after it could commit
-            if t in self.eos:
-                tokens = tokens[: i + 1]
-                break
         return one_hot_draft(tokens, self.vocab_size, self.device,
-                             DraftNote("predicted", one_hot=True, source_start=start, match_len=matched))
+                             DraftNote("predicted", one_hot=True, source_start=start, match_len=matched), self.eos)
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         pass  # the pointer is moved in propose, from the committed text itself
