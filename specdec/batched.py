@@ -40,7 +40,7 @@ from .decoder import encode_prompt, make_generator, resolve_draft_vocab, synchro
 from .errors import InvalidInputError
 from .kvcache import CachedLM, check_rollback, rollback_cache
 from .models import ModelPair
-from .sampling import sample, warp
+from .sampling import draw, warp
 from .settings import DecodeSettings
 from .verify import verify_batch
 
@@ -340,8 +340,8 @@ class BatchedSpeculativeDecoder:
             if i > 0:
                 mask = torch.cat([mask, act], 1)
                 logits = self.draft.forward(guesses[-1][:, None], mask, 1)[:, -1]
-            q = warp(logits, cfg)  # [B, V]: exactly the distribution the guess is drawn from
-            guesses.append(sample(q, self.gen))
+            guess, q = draw(logits, cfg, self.gen)  # q [B, V]: exactly the distribution the guess is drawn from
+            guesses.append(guess)
             qs.append(q)
         draft_tokens, q = torch.stack(guesses, 1), torch.stack(qs, 1)  # [B, g], [B, g, V]
         synchronize(dev)
@@ -409,7 +409,7 @@ def plain_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = Deco
     while not rows.done:
         t0 = time.perf_counter()
         was_active = list(rows.active)
-        y = sample(warp(lm.forward(rows.tokens[:, lm.length :], rows.mask, 1)[:, -1], s.sampling), gen).tolist()
+        y = draw(lm.forward(rows.tokens[:, lm.length :], rows.mask, 1)[:, -1], s.sampling, gen)[0].tolist()
         synchronize(pair.device)
         t1 = time.perf_counter()
         emitted = rows.commit([[t] for t in y], 1, (t1 - start) * 1e3)

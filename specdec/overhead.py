@@ -38,7 +38,7 @@ CATEGORIES = {
     "draft_head": "the draft's reduced vocabulary projection (model work done outside forward)",
     "drafter": "drafter bookkeeping: its own Python around the draft steps (head sync, stacking q rows)",
     "warp": "temperature / top-k / top-p warps of p and q",
-    "sample": "sampling a token from q, and the repaired/bonus token",
+    "sample": "drawing a token from q (greedy: argmax and its one-hot q), and the repaired/bonus token",
     "verify": "the accept/reject rule (ratios, uniforms, residual)",
     "cache": "KV cache sync, crop (rollback) and reduced-head bookkeeping",
     "feed": "building input ids and slicing logits around each forward",
@@ -51,6 +51,7 @@ MODEL_WORK = ("target_forward", "draft_forward", "draft_head")
 FUNCTIONS = (
     ("specdec.sampling", "warp", "warp"),
     ("specdec.sampling", "sample", "sample"),
+    ("specdec.sampling", "draw", "sample"),  # greedy: the argmax and its one-hot q; sampled: warp + sample inside
     ("specdec.verify", "verify", "verify"),
     ("specdec.decoder", "_top", "events"),
 )

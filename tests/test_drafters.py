@@ -15,7 +15,7 @@ from specdec.decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, p
 from specdec.drafters import Draft, make_drafter
 from specdec.drafters.cross import CrossTokenizerDrafter, retokenize, tiny_cross_draft
 from specdec.drafters.early_exit import resolve_exit_layer, shallow_view
-from specdec.drafters.ngram import NgramDrafter, find_continuation
+from specdec.drafters.ngram import NgramDrafter, copy_length, find_continuation
 from specdec.errors import InvalidInputError
 from specdec.lab import chi_square
 from specdec.sampling import SamplingConfig, warp
@@ -55,7 +55,24 @@ def test_ngram_buffer_follows_a_growing_and_a_new_text(tiny_pair):
     d = NgramDrafter(tiny_pair.vocab_size, "cpu", 2, 1)
     text = list(range(5, 50)) * 30  # 1350 tokens: the buffer grows past its first size
     assert d.propose(text, 3, SamplingConfig(), None).tokens.tolist() == [5, 6, 7]
-    assert d.propose([9, 8, 9], 3, SamplingConfig(), None).tokens.tolist() == [8, 9, 8]  # a shorter text: starts over
+    # a shorter text starts over; its one-token match (9) copies half of gamma 3
+    assert d.propose([9, 8, 9], 3, SamplingConfig(), None).tokens.tolist() == [8, 9]
+
+
+@pytest.mark.parametrize("match_len,n_max,gamma,expected", [
+    (4, 4, 16, 16), (3, 4, 16, 16), (2, 4, 16, 8), (1, 4, 16, 4), (1, 4, 3, 1), (1, 4, 1, 1),
+    (2, 2, 8, 8), (1, 2, 8, 4),  # with n_max 2, a 2-token match is as strong as the drafter looks for
+])
+def test_copy_length_follows_the_match_length(match_len, n_max, gamma, expected):
+    assert copy_length(match_len, n_max, gamma) == expected
+
+
+def test_ngram_copies_less_after_a_weak_match(tiny_pair):
+    d = NgramDrafter(tiny_pair.vocab_size, "cpu", 4, 1)
+    weak = d.propose([10, 11, 12, 13, 14, 15, 16, 17, 30, 10], 8, SamplingConfig(), None)  # only "10" recurs
+    assert (weak.note.match_len, weak.tokens.tolist()) == (1, [11, 12])
+    strong = NgramDrafter(tiny_pair.vocab_size, "cpu", 4, 1).propose([10, 11, 12, 13, 14, 15, 16, 17, 18, 30, 10, 11, 12], 8, SamplingConfig(), None)
+    assert (strong.note.match_len, strong.tokens.tolist()) == (3, [13, 14, 15, 16, 17, 18, 30, 10])
 
 
 # ---------------------------------------------------------------------------------------------- early exit

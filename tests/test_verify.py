@@ -183,3 +183,62 @@ def test_sample_draws_exactly_from_probs():
     assert _pvalue(counts, N * p.double().numpy()) > 1e-3
     skewed = sample(torch.tensor([1.0, 0, 0, 0]).expand(1000, 4), torch.Generator().manual_seed(0))
     assert (skewed == 0).all()
+
+
+# ------------------------------------------------------------------------------ the fast paths keep the same answers
+
+
+def test_argmax_matches_torch_first_index_on_ties_and_bfloat16():
+    from specdec.sampling import argmax
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 151936, generator=g)
+    x[2, [7, 900, 151935]] = 50.0  # a three-way tie: the first index wins, as in torch.argmax
+    for t in (x, x.bfloat16(), x[0]):
+        assert torch.equal(argmax(t), t.argmax(-1))
+
+
+def test_sample_of_one_hot_rows_is_their_index_and_keeps_the_random_stream():
+    """The CPU shortcut for one-hot rows returns what inversion would, and draws the same uniforms."""
+    rows = torch.zeros(3, 151936)
+    rows[0, 5], rows[1, 151935], rows[2, 0] = 1.0, 1.0, 1.0
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert sample(rows, g1).tolist() == [5, 151935, 0]
+    torch.rand(3, 1, generator=g2, dtype=torch.float64)  # the uniforms inversion would have used
+    assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
+    # one-hot but for a tiny mass elsewhere: not a shortcut, the tiny token stays reachable in principle
+    almost = torch.zeros(1, 8)
+    almost[0, 0], almost[0, 3] = 1e-30, 1.0
+    assert sample(almost, torch.Generator().manual_seed(0)).tolist() == [3]
+
+
+def test_draw_returns_the_distribution_it_drew_from():
+    from specdec.sampling import draw
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 300, generator=g)
+    tokens, q = draw(logits, SamplingConfig(), torch.Generator().manual_seed(0))
+    assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(q, warp(logits, SamplingConfig()))
+    cfg = SamplingConfig(temperature=0.8, top_k=20)
+    tokens, q = draw(logits, cfg, torch.Generator().manual_seed(0))
+    assert torch.equal(q, warp(logits, cfg)) and (q.gather(-1, tokens[:, None]) > 0).all()
+    assert torch.equal(tokens, sample(warp(logits, cfg), torch.Generator().manual_seed(0)))
+    # greedy draws consume the generator as sampling does, so later draws of a seeded run line up
+    a, b = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    draw(logits, SamplingConfig(), a)
+    sample(warp(logits, cfg), b)
+    assert torch.equal(torch.rand(2, generator=a), torch.rand(2, generator=b))
+
+
+@pytest.mark.parametrize("vocab", [50, 1000, 151936])
+def test_top_rows_gives_torch_topk_values(vocab):
+    from specdec.decoder import top_rows
+
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.softmax(torch.randn(6, vocab, generator=g) * 3, -1)
+    x[1] = 0.0
+    x[1, vocab - 1] = 1.0  # one-hot, the hot id in the tail past the last whole block
+    vals, ids = top_rows(x, 8)
+    ref_vals, _ = torch.topk(x, 8)
+    assert torch.equal(vals, ref_vals) and torch.equal(x.gather(-1, ids), vals)
+    assert ids[1, 0] == vocab - 1

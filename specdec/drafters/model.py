@@ -6,7 +6,7 @@ import torch
 
 from ..events import DraftNote
 from ..kvcache import CachedLM
-from ..sampling import sample, warp
+from ..sampling import draw
 from . import Draft
 
 
@@ -37,8 +37,8 @@ class DraftModelDrafter:
             if i > 0:
                 # Feed the previous guess only when another one is wanted: the last draft token is never fed.
                 logits = self.lm.feed([int(tokens[-1])])[-1]
-            q = warp(logits, cfg)
-            tokens.append(sample(q, gen))
+            token, q = draw(logits, cfg, gen)
+            tokens.append(token)
             rows.append(q)
             if self.confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < self.confidence_threshold:
                 break

@@ -5,6 +5,10 @@ tokens that followed their MOST RECENT earlier occurrence are proposed, up to ga
 preferred because edits and answers copy the passage being worked on, and the nearest earlier copy of a phrase is
 the best predictor of how it goes on (transformers' prompt lookup takes the leftmost match instead).
 
+How many tokens to copy depends on how long the match is (`copy_length`): gamma after a strong match, fewer after
+a one- or two-token match, which is often a coincidence (a common word, a bracket). Every guess widens the target's
+verification pass, so weak guesses are not free even though drafting them is.
+
 The proposal is a deterministic function of the committed text, so q is one-hot on it: verification keeps a guess x
 with probability p(x) and repairs from p with x removed, which is exact at every temperature. No match means no
 draft: the round is a plain target step.
@@ -53,8 +57,22 @@ def find_continuation(seq: np.ndarray, n_max: int, n_min: int, gamma: int) -> tu
     return src, n, out
 
 
+STRONG_MATCH = 3  # a match this long (or n_max, if smaller) copies the full gamma
+
+
+def copy_length(match_len: int, n_max: int, gamma: int) -> int:
+    """Tokens to copy after a match of match_len tokens: gamma for a strong match, then half as many for each token
+    short of one (at least 1). Measured on the embedded 1.5B target on a CPU, each extra verified position costs
+    ~3.7% of a one-position pass (203 + 7.5 ms per position); replaying recorded greedy outputs through that cost,
+    this rule at gamma 16 came out 1.12x faster than copying a fixed 8 tokens on the grounded prompts, 1.11x than a
+    fixed 16, and 1.02-1.04x faster than a fixed 8 on code, prose and chat."""
+    short = max(0, min(STRONG_MATCH, n_max) - match_len)
+    return max(1, -(-gamma // (1 << short)))
+
+
 class NgramDrafter:
-    """Prompt-lookup drafter: copies what followed the most recent earlier match of the text's last n tokens."""
+    """Prompt-lookup drafter: copies what followed the most recent earlier match of the text's last n tokens, more of it
+    the longer the match."""
 
     def __init__(self, vocab_size: int, device, n_max: int = 4, n_min: int = 1, eos_token_ids: tuple[int, ...] = ()):
         self.vocab_size = vocab_size
@@ -84,6 +102,7 @@ class NgramDrafter:
         if found is None:
             return no_draft(self.vocab_size, self.device, DraftNote("ngram", one_hot=True))
         src, n, tokens = found
+        tokens = tokens[: copy_length(n, self.n_max, gamma)]
         return one_hot_draft(tokens, self.vocab_size, self.device,
                              DraftNote("ngram", one_hot=True, source_start=src, match_len=n), self.eos)
 
