@@ -36,6 +36,7 @@ from components import empty_figure, render_legend, render_phases, render_stats,
 from specdec.hub import DEFAULT_MAX_PARAMS
 from specdec.models import PAIRS
 from specdec.prompts import GROUNDED
+from specdec.settings import MAX_GAMMA
 from specdec.trace import MAX_TRACE_BYTES
 from ui.controls import DRAFTER_INFO, POLICY_INFO, Number, Slider, drafter_choices, policy_choices
 from ui.learn_extras import server_metrics_file
@@ -47,7 +48,6 @@ from ui.playground import Playground, env_request, guarded
 
 ROOT = Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
-GAMMA_MAX_UI = 12
 DEFAULTS = {"gamma": 4, "max_new_tokens": 64, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "seed": 0}
 
 # Clicking a token (in the token view or the round anatomy) points the p-vs-q chart at it; see Playground.select.
@@ -127,7 +127,7 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             reset_btn = gr.Button("Reset", elem_id="sd-reset", min_width=70)
                         gr.HTML(KEYS_HINT, js_on_load=None)
                         with gr.Accordion("Decoding settings", open=True):
-                            gamma = Slider(1, GAMMA_MAX_UI, first["gamma"], step=1, precision=0,
+                            gamma = Slider(1, MAX_GAMMA, first["gamma"], step=1, precision=0,
                                            label="γ — draft tokens per round", elem_id="sd-gamma")
                             max_new = Slider(1, 512, DEFAULTS["max_new_tokens"], step=1, precision=0,
                                              label="Max new tokens", elem_id="sd-max-new")

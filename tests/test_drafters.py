@@ -55,13 +55,12 @@ def test_ngram_buffer_follows_a_growing_and_a_new_text(tiny_pair):
     d = NgramDrafter(tiny_pair.vocab_size, "cpu", 2, 1)
     text = list(range(5, 50)) * 30  # 1350 tokens: the buffer grows past its first size
     assert d.propose(text, 3, SamplingConfig(), None).tokens.tolist() == [5, 6, 7]
-    # a shorter text starts over; its one-token match (9) copies half of gamma 3
-    assert d.propose([9, 8, 9], 3, SamplingConfig(), None).tokens.tolist() == [8, 9]
+    assert d.propose([9, 8, 9], 3, SamplingConfig(), None).tokens.tolist() == [8, 9, 8]  # a shorter text: starts over
 
 
 @pytest.mark.parametrize("match_len,n_max,gamma,expected", [
-    (4, 4, 16, 16), (3, 4, 16, 16), (2, 4, 16, 8), (1, 4, 16, 4), (1, 4, 3, 1), (1, 4, 1, 1),
-    (2, 2, 8, 8), (1, 2, 8, 4),  # with n_max 2, a 2-token match is as strong as the drafter looks for
+    (4, 4, 16, 16), (3, 4, 16, 16), (2, 4, 16, 8), (1, 4, 16, 4), (1, 4, 8, 4), (2, 4, 12, 6), (1, 4, 3, 3),
+    (1, 4, 1, 1), (2, 2, 16, 16), (1, 2, 16, 8),  # with n_max 2, a 2-token match is as strong as the drafter looks for
 ])
 def test_copy_length_follows_the_match_length(match_len, n_max, gamma, expected):
     assert copy_length(match_len, n_max, gamma) == expected
@@ -69,10 +68,11 @@ def test_copy_length_follows_the_match_length(match_len, n_max, gamma, expected)
 
 def test_ngram_copies_less_after_a_weak_match(tiny_pair):
     d = NgramDrafter(tiny_pair.vocab_size, "cpu", 4, 1)
-    weak = d.propose([10, 11, 12, 13, 14, 15, 16, 17, 30, 10], 8, SamplingConfig(), None)  # only "10" recurs
-    assert (weak.note.match_len, weak.tokens.tolist()) == (1, [11, 12])
-    strong = NgramDrafter(tiny_pair.vocab_size, "cpu", 4, 1).propose([10, 11, 12, 13, 14, 15, 16, 17, 18, 30, 10, 11, 12], 8, SamplingConfig(), None)
-    assert (strong.note.match_len, strong.tokens.tolist()) == (3, [13, 14, 15, 16, 17, 18, 30, 10])
+    text = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    weak = d.propose(text + [30, 10], 16, SamplingConfig(), None)  # only "10" recurs
+    assert (weak.note.match_len, weak.tokens.tolist()) == (1, [11, 12, 13, 14])
+    strong = NgramDrafter(tiny_pair.vocab_size, "cpu", 4, 1).propose(text + [30, 10, 11, 12], 16, SamplingConfig(), None)
+    assert (strong.note.match_len, strong.tokens.tolist()) == (3, text[3:] + [30, 10, 11, 12, 13, 14, 15])
 
 
 # ---------------------------------------------------------------------------------------------- early exit

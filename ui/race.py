@@ -23,11 +23,11 @@ from specdec.errors import InvalidInputError, SpecDecError
 from specdec.race import Race, parse_lanes
 from specdec.sampling import SamplingConfig
 
-DEFAULT_LANES = "model:4, ngram:8"
+DEFAULT_LANES = "model:4, ngram:16"
 LANE_PRESETS = {
-    "draft model vs prompt lookup": "model:4, ngram:8",
-    "every drafter": "model:4, ngram:8, early-exit:3, cross:4",
-    "prompt lookup: fixed vs adaptive γ": "ngram:4, ngram:8, ngram:expected",
+    "draft model vs prompt lookup": "model:4, ngram:16",
+    "every drafter": "model:4, ngram:16, early-exit:3, cross:4",
+    "prompt lookup: γ 8 vs 16 vs adaptive": "ngram:8, ngram:16, ngram:expected",
     "draft model: γ policies": "model:4, model:heuristic, model:confidence, model:expected",
 }
 EXAMPLES = GROUNDED + [
