@@ -46,6 +46,9 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--drafter", choices=["model", "ngram", "early-exit", "cross"], default=None,
                     help="one drafter against transformers' own equivalent, plain generate() and our plain decoding, "
                          "on the input-grounded prompts (specdec/drafter_bench.py)")
+    ap.add_argument("--equiv-gamma", type=int, default=None,
+                    help="with --drafter: run transformers' equivalent at this gamma instead of --gamma (e.g. its own "
+                         "best setting, to compare best against best in one run)")
     ap.add_argument("--overhead", action="store_true", help="per-round time outside the model forward passes, "
                     "by category (JSON to bench-results/overhead.json unless --out)")
     ap.add_argument("--predicted", action="store_true", help="light edits, the original text as the prediction: "

@@ -63,8 +63,10 @@ def _assistant_knobs(model: torch.nn.Module, gamma: int):
 
 
 @torch.inference_mode()
-def run_hf(pair, prompt_ids, s, equivalent: bool, cross_draft=None) -> tuple[int, float]:
-    """transformers generate(): plain, or with the drafter's transformers equivalent."""
+def run_hf(pair, prompt_ids, s, equivalent: bool, cross_draft=None, equiv_gamma: int | None = None
+           ) -> tuple[int, float]:
+    """transformers generate(): plain, or with the drafter's transformers equivalent (at equiv_gamma if given, else
+    at the run's gamma)."""
     from .bench import _hf_kwargs, assistant_for
     from .decoder import synchronize
     from .drafters.early_exit import resolve_exit_layer
@@ -73,6 +75,7 @@ def run_hf(pair, prompt_ids, s, equivalent: bool, cross_draft=None) -> tuple[int
     kw = _hf_kwargs(s)
     knobs = contextlib.nullcontext()
     if equivalent:
+        s = replace(s, gamma=equiv_gamma or s.gamma)
         if s.drafter == "model":
             kw["assistant_model"] = assistant_for(pair.draft, s.gamma)
         elif s.drafter == "ngram":
@@ -93,13 +96,14 @@ def run_hf(pair, prompt_ids, s, equivalent: bool, cross_draft=None) -> tuple[int
     return out.shape[1] - ids.shape[1], time.perf_counter() - t0
 
 
-def run_contender(pair, name: str, prompt: str, s, cross_draft=None):
+def run_contender(pair, name: str, prompt: str, s, cross_draft=None, equiv_gamma: int | None = None):
     """(tokens, seconds, rounds) for one contender on one prompt."""
     from .bench import run_ours_plain, run_ours_spec
     from .decoder import encode_prompt
 
     if name in ("hf_plain", "hf_equiv"):
-        n, sec = run_hf(pair, encode_prompt(pair.tokenizer, prompt, s.chat), s, name == "hf_equiv", cross_draft)
+        n, sec = run_hf(pair, encode_prompt(pair.tokenizer, prompt, s.chat), s, name == "hf_equiv", cross_draft,
+                        equiv_gamma)
         return n, sec, []
     if name == "ours_plain":
         return run_ours_plain(pair, prompt, s)
@@ -128,11 +132,12 @@ def summarize(samples, costs=None) -> dict:
     }
 
 
-def print_table(drafter: str, gamma: int, groups: dict, out=None) -> None:
+def print_table(drafter: str, gamma: int, groups: dict, out=None, equiv_gamma: int | None = None) -> None:
     from .bench import _fmt
 
     out = out or sys.stdout
-    print(f"drafter {drafter}, gamma {gamma}; transformers equivalent: {HF_EQUIVALENT[drafter]}", file=out)
+    theirs = f" at gamma {equiv_gamma}" if equiv_gamma else ""
+    print(f"drafter {drafter}, gamma {gamma}; transformers equivalent: {HF_EQUIVALENT[drafter]}{theirs}", file=out)
     head = (f"{'group':16s} {'plain gen':>9s} {'hf equiv':>9s} {'our plain':>9s} {'ours':>7s} {'ours/gen':>8s} "
             f"{'ours/equiv':>10s} {'equiv/gen':>9s} {'alpha':>6s} {'tok/rnd':>7s} {'c':>6s} {'meas':>5s} {'pred':>5s}")
     print(head, file=out)
@@ -168,13 +173,13 @@ def cmd_drafter_bench(args, load) -> int:
     jobs = [(k, m, p, chat) for m in modes for k in prompts for p, chat in prompts[k]]
     for name in CONTENDERS:  # warm-up: one-time allocation and dispatch costs
         k, m, p, chat = jobs[0]
-        run_contender(pair, name, p, replace(base, max_new_tokens=4, chat=chat), cross)
+        run_contender(pair, name, p, replace(base, max_new_tokens=4, chat=chat), cross, args.equiv_gamma)
     samples = []
     for rep in range(1, repeats + 1):
         for j, (kind, mode, prompt, chat) in enumerate(jobs):
             s = replace(base, sampling=_sampling(mode), seed=rep, chat=chat)
             for name in _rotated(CONTENDERS, j + rep - 1):
-                n, sec, rounds = run_contender(pair, name, prompt, s, cross)
+                n, sec, rounds = run_contender(pair, name, prompt, s, cross, args.equiv_gamma)
                 samples.append(Sample(name, kind, mode, prompt, n, sec, rounds))
                 log(f"  rep {rep} {mode:7s} {kind:8s} {name:10s} {n:3d} tok {sec:6.2f} s  {n / sec:6.2f} tok/s")
     groups = {}
@@ -183,8 +188,9 @@ def cmd_drafter_bench(args, load) -> int:
             groups[f"{mode}/{kind}"] = summarize([x for x in samples if (x.mode, x.kind) == (mode, kind)])
     if len(groups) > 1:
         groups["all"] = summarize(samples)
-    print_table(args.drafter, gamma, groups)
-    result = {"models": pair.describe(), "drafter": args.drafter, "gamma": gamma, "policy": args.policy,
+    print_table(args.drafter, gamma, groups, equiv_gamma=args.equiv_gamma)
+    result = {"models": pair.describe(), "drafter": args.drafter, "gamma": gamma, "equiv_gamma": args.equiv_gamma or gamma,
+              "policy": args.policy,
               "hf_equivalent": HF_EQUIVALENT[args.drafter], "max_new_tokens": max_new, "repeats": repeats,
               "torch_threads": torch.get_num_threads(), "groups": groups,
               "samples": [{"contender": x.contender, "kind": x.kind, "mode": x.mode, "prompt": x.prompt[:60],

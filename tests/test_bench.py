@@ -108,3 +108,17 @@ def test_assisted_generation_leaves_the_shared_draft_config_alone(tiny_pair):
     assert view.generation_config.num_assistant_tokens == 7 and view.generation_config.assistant_confidence_threshold == 0
     assert tiny_pair.draft.generation_config.to_dict() == before
     assert view.model.embed_tokens.weight is tiny_pair.draft.model.embed_tokens.weight  # same weights, no copy
+
+
+def test_drafter_bench_runs_transformers_at_its_own_gamma(tmp_path, capsys):
+    """`--drafter ngram --equiv-gamma 2`: transformers' prompt lookup at 2, ours at 4, ratios from the run's data."""
+    out = tmp_path / "drafter.json"
+    argv = ["bench", "--quick", *TINY, "--drafter", "ngram", "--gamma", "4", "--equiv-gamma", "2", "--kinds", "code",
+            "--repeats", "1", "--out", str(out)]
+    assert main(argv) == 0
+    res = json.loads(out.read_text())
+    assert (res["gamma"], res["equiv_gamma"]) == (4, 2)
+    assert "at gamma 2" in capsys.readouterr().out
+    assert {s["contender"] for s in res["samples"]} == {"hf_plain", "hf_equiv", "ours_plain", "ours"}
+    g = res["groups"]["greedy/code"]
+    assert g["ours/hf_equiv"] == pytest.approx(g["tok_s"]["ours"] / g["tok_s"]["hf_equiv"])
