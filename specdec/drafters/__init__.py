@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from ..events import DraftNote
-from ..sampling import SamplingConfig
+from ..sampling import SamplingConfig, one_hot
 
 if TYPE_CHECKING:
     from ..models import ModelPair
@@ -49,10 +49,7 @@ def one_hot_draft(tokens: list[int], vocab_size: int, device, note: DraftNote, s
             tokens = tokens[: i + 1]
             break
     t = torch.tensor(tokens, dtype=torch.long, device=device)
-    q = torch.zeros(len(tokens), vocab_size, device=device)
-    if tokens:
-        q[torch.arange(len(tokens), device=device), t] = 1.0
-    return Draft(t, q, note)
+    return Draft(t, one_hot(t, vocab_size), note)
 
 
 class Drafter(Protocol):

