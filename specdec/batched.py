@@ -40,7 +40,7 @@ from .decoder import encode_prompt, make_generator, resolve_draft_vocab, synchro
 from .errors import InvalidInputError
 from .kvcache import CachedLM, check_rollback, rollback_cache
 from .models import ModelPair
-from .sampling import draw, warp
+from .sampling import distribution, draw, stack_rows
 from .settings import DecodeSettings
 from .verify import verify_batch
 
@@ -343,14 +343,14 @@ class BatchedSpeculativeDecoder:
             guess, q = draw(logits, cfg, self.gen)  # q [B, V]: exactly the distribution the guess is drawn from
             guesses.append(guess)
             qs.append(q)
-        draft_tokens, q = torch.stack(guesses, 1), torch.stack(qs, 1)  # [B, g], [B, g, V]
+        draft_tokens, q = torch.stack(guesses, 1), stack_rows(qs, 1)  # [B, g], [B, g, V]
         synchronize(dev)
         t1 = time.perf_counter()
 
         # Verify: one target pass over (last committed column + g guesses) for every row.
         vmask = torch.cat([rows.mask, act.expand(-1, gamma)], 1)
         fed = torch.cat([rows.tokens[:, self.target.length :], draft_tokens], 1)
-        p = warp(self.target.forward(fed, vmask, gamma + 1), cfg)  # [B, g+1, V], same warp as q
+        p = distribution(self.target.forward(fed, vmask, gamma + 1), cfg)  # [B, g+1, V], same warp as q
         bv = verify_batch(draft_tokens, q, p, self.gen)
         n_acc = bv.n_accepted.tolist()
         nxt = bv.next_token.tolist()

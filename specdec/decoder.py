@@ -20,7 +20,7 @@ from .kvcache import PLAIN_HEAD_TYPES, CachedLM
 from .metrics import StepCosts, loop_cost_ratio, predicted_speedup
 from .models import ModelPair
 from .record import RunRecord
-from .sampling import draw, warp
+from .sampling import OneHot, Probs, distribution, draw, prob_at
 from .settings import (DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, MAX_NEW_TOKENS, MAX_PROMPT_TOKENS,  # noqa: F401
                        TOP_DISPLAY, DecodeSettings)
 from .verify import verify
@@ -105,10 +105,14 @@ def top_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return vals, ids.gather(-1, pick)
 
 
-def _top(probs: torch.Tensor, tokenizer, k: int = TOP_DISPLAY) -> list[list[TokenProb]]:
+def _top(probs: Probs, tokenizer, k: int = TOP_DISPLAY) -> list[list[TokenProb]]:
     """Top-k (id, piece, prob) per row of probs [n, V], with one top_rows call and one batch decode."""
-    vals, idx = top_rows(probs.float(), k)
-    ids, ps = idx.tolist(), vals.tolist()
+    if isinstance(probs, OneHot):  # one token with probability 1 per row (none for an all-zero row)
+        ids = [[i] if i >= 0 else [] for i in probs.ids.tolist()]
+        ps = [[1.0] * len(row) for row in ids]
+    else:
+        vals, idx = top_rows(probs.float(), k)
+        ids, ps = idx.tolist(), vals.tolist()
     pieces = tokenizer.batch_decode([[i] for row in ids for i in row])
     out, j = [], 0
     for row_ids, row_ps in zip(ids, ps):
@@ -185,7 +189,7 @@ class SpeculativeDecoder:
         synchronize(dev)
         t1 = time.perf_counter()
         g = int(draft.tokens.shape[0])
-        p = warp(self.target.logits_after(self.ids, draft.tokens.tolist(), g + 1), cfg)
+        p = distribution(self.target.logits_after(self.ids, draft.tokens.tolist(), g + 1), cfg)
         verdict = verify(draft.tokens, draft.probs, p, self.gen)
         synchronize(dev)
         t2 = time.perf_counter()
@@ -238,7 +242,6 @@ class SpeculativeDecoder:
         tok = self.tok
         g = int(draft.tokens.shape[0])
         ids = draft.tokens.tolist()
-        idx = draft.tokens.unsqueeze(-1)
         emitted = verdict.tokens[-1]
         k = self.top_k
         top = (lambda probs: _top(probs, tok, k)) if k else (lambda probs: [[] for _ in range(probs.shape[0])])
@@ -249,8 +252,8 @@ class SpeculativeDecoder:
             gamma=g,
             draft_ids=ids,
             draft_pieces=tok.batch_decode([[i] for i in ids]),
-            q_draft=draft.probs.gather(-1, idx).squeeze(-1).tolist(),
-            p_draft=p[:g].gather(-1, idx).squeeze(-1).tolist(),
+            q_draft=prob_at(draft.probs, draft.tokens).tolist(),
+            p_draft=prob_at(p, draft.tokens).tolist(),
             accept_probs=verdict.accept_probs.tolist(),
             uniforms=verdict.uniforms.tolist(),
             n_accepted=verdict.n_accepted,
@@ -258,7 +261,7 @@ class SpeculativeDecoder:
             emitted_id=emitted,
             emitted_piece=tok.decode([emitted]),
             is_bonus=verdict.bonus,
-            emitted_p=float(p[verdict.n_accepted, emitted]),
+            emitted_p=float(prob_at(p[verdict.n_accepted : verdict.n_accepted + 1], torch.tensor([emitted]))),
             q_top=top(draft.probs) if g else [],
             p_top=top(p),
             residual_top=residual,
@@ -311,7 +314,7 @@ def plain_decode(pair: ModelPair, prompt, settings: DecodeSettings = DecodeSetti
     for _ in range(s.max_new_tokens):
         synchronize(pair.device)
         t0 = time.perf_counter()
-        tok = int(draw(lm.logits_after(ids)[-1], s.sampling, gen)[0])
+        tok = int(draw(lm.logits_after(ids, all_columns=False)[-1], s.sampling, gen, lm.columns, lm.vocab_size)[0])
         synchronize(pair.device)
         times.append((time.perf_counter() - t0) * 1e3)
         ids.append(tok)

@@ -53,6 +53,8 @@ class CachedLM:
         self.ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.head_cut = 0  # > 0: a reduced head over ids < head_cut plus self.extra_ids
         self.extra_ids: list[int] = []
+        self._extra_set: set[int] = set()
+        self.columns: torch.Tensor | None = None  # the vocabulary ids a reduced head scores, in order (None: all)
         if 0 < head_vocab < vocab_size:
             if model.config.model_type not in PLAIN_HEAD_TYPES:
                 raise ValueError(f"a reduced draft vocabulary is not supported for {model.config.model_type} models")
@@ -60,6 +62,7 @@ class CachedLM:
             weight = model.get_output_embeddings().weight
             self.head = weight[:head_vocab]  # a view: no copy of the projection
             self.extra_head = weight[:0]
+            self.columns = torch.arange(head_vocab, device=self.device)
             self.keep_in_head(always_keep)
 
     def keep_in_head(self, ids) -> None:
@@ -70,12 +73,15 @@ class CachedLM:
         """
         if not self.head_cut:
             return
-        new = sorted({int(i) for i in ids if self.head_cut <= int(i) < self.vocab_size} - set(self.extra_ids))
+        new = {int(i) for i in ids if self.head_cut <= int(i) < self.vocab_size} - self._extra_set
         if new:
-            self.extra_ids += new
-            rows = self.model.get_output_embeddings().weight.index_select(0, torch.tensor(new, device=self.device))
-            self.extra_head = torch.cat([self.extra_head, rows])
+            self._extra_set |= new
+            # Kept in id order, so the head's columns are in vocabulary order and a draw over them inverts the same
+            # cumulative sum as one over the full row.
+            self.extra_ids = sorted(self.extra_ids + list(new))
             self._extra_index = torch.tensor(self.extra_ids, device=self.device)
+            self.extra_head = self.model.get_output_embeddings().weight.index_select(0, self._extra_index)
+            self.columns = torch.cat([torch.arange(self.head_cut, device=self.device), self._extra_index])
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -98,8 +104,13 @@ class CachedLM:
         self.crop(n)
 
     @torch.inference_mode()
-    def feed(self, ids: list[int], n_logits: int = 1) -> torch.Tensor:
-        """Append ids to the cache; return logits [n_logits, V] for the last n_logits fed positions."""
+    def feed(self, ids: list[int], n_logits: int = 1, all_columns: bool = True) -> torch.Tensor:
+        """Append ids to the cache; return logits [n_logits, V] for the last n_logits fed positions.
+
+        With a reduced head, all_columns=False returns only the scored columns, [n_logits, len(self.columns)]: a
+        drafter that draws over them skips writing and reading the -inf rest of each row (86k of 152k entries on
+        the embedded pair, ~0.3 ms per guess on a CPU).
+        """
         inp = torch.tensor([ids], dtype=torch.long, device=self.device)
         if not self.head_cut:
             out = self.model(input_ids=inp, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
@@ -107,13 +118,18 @@ class CachedLM:
             return out.logits[0, -n_logits:, : self.vocab_size]
         hidden = self.model.base_model(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state[0, -n_logits:]
         self.ids.extend(ids)
+        head = torch.nn.functional.linear(hidden, self.head)
+        extra = torch.nn.functional.linear(hidden, self.extra_head) if self.extra_ids else None
+        if not all_columns:
+            return head if extra is None else torch.cat([head, extra], -1)
         logits = torch.full((n_logits, self.vocab_size), float("-inf"), dtype=hidden.dtype, device=hidden.device)
-        logits[:, : self.head_cut] = torch.nn.functional.linear(hidden, self.head)
-        if self.extra_ids:
-            logits[:, self._extra_index] = torch.nn.functional.linear(hidden, self.extra_head)
+        logits[:, : self.head_cut] = head
+        if extra is not None:
+            logits[:, self._extra_index] = extra
         return logits
 
-    def logits_after(self, committed: list[int], extra: list[int] = (), n_logits: int = 1) -> torch.Tensor:
+    def logits_after(self, committed: list[int], extra: list[int] = (), n_logits: int = 1,
+                     all_columns: bool = True) -> torch.Tensor:
         """Sync to committed, then feed the unseen committed tail plus `extra` in one forward pass."""
         self.sync(committed)
-        return self.feed(committed[len(self.ids) :] + list(extra), n_logits)
+        return self.feed(committed[len(self.ids) :] + list(extra), n_logits, all_columns)

@@ -23,7 +23,7 @@ from .errors import InvalidInputError
 from .record import RunRecord
 from .kvcache import CachedLM
 from .metrics import predicted_speedup
-from .sampling import SamplingConfig, warp
+from .sampling import SamplingConfig, dense, warp
 
 MIN_TOKENS, MAX_TOKENS = 3, 6
 MAX_LAB_ROUNDS = 100_000
@@ -359,7 +359,7 @@ def first_token_rows(pair, prefix: str, sampling: SamplingConfig, chat: bool = F
     draft = drafter.propose(ids, 1, cfg, gen)
     target = CachedLM(pair.target, pair.vocab_size)
     p = warp(target.logits_after(ids, draft.tokens.tolist(), 2), cfg)
-    return FirstTokenRows(ids, p[0].float().cpu(), draft.probs[0].float().cpu(), cfg)
+    return FirstTokenRows(ids, p[0].float().cpu(), dense(draft.probs[0]).float().cpu(), cfg)
 
 
 @dataclass

@@ -4,8 +4,8 @@ On a GPU a 1.5B target's forward pass takes milliseconds, so Python work per rou
 verification, sampling, cache sync/crop, building the display event) can eat the speedup; CPU timings hide it.
 
 The measurement is non-invasive: the engine code is unchanged. For one decoder at a time it wraps the decoder's
-and its caches' bound methods (instance attributes, so other decoders are untouched), puts forward hooks on the
-two models, and swaps the engine's module-level functions (warp, sample, verify, the top-k helper) for timed
+and its caches' bound methods (instance attributes, so other decoders are untouched), wraps the two models'
+forward methods, and swaps the engine's module-level functions (warp, sample, verify, the top-k helper) for timed
 versions until the run ends. Each timed call records its *exclusive* time (its own time minus the timed calls
 inside it), so the categories add up to the round's wall time. On CUDA every boundary synchronizes, so GPU work
 is charged to the call that launched it. The wrappers cost time themselves: the same run is also timed without
@@ -49,7 +49,7 @@ MODEL_WORK = ("target_forward", "draft_forward", "draft_head")
 
 # Module-level engine functions timed wherever a specdec module imported them: (home module, name, category).
 FUNCTIONS = (
-    ("specdec.sampling", "warp", "warp"),
+    ("specdec.sampling", "distribution", "warp"),
     ("specdec.sampling", "sample", "sample"),
     ("specdec.sampling", "draw", "sample"),  # greedy: the argmax and its one-hot q; sampled: warp + sample inside
     ("specdec.verify", "verify", "verify"),
@@ -169,17 +169,24 @@ def _draft_head_linear(prof: RoundProfiler) -> Iterator[None]:
 
 
 @contextmanager
-def _forward_hooks(prof: RoundProfiler, model: torch.nn.Module, category: str) -> Iterator[None]:
-    """Time the model's forward; also its base model, which a reduced draft head calls on its own."""
-    handles = []
+def _forward_timers(prof: RoundProfiler, model: torch.nn.Module, category: str) -> Iterator[None]:
+    """Time the model's forward; also its base model, which a reduced draft head calls on its own.
+
+    The forward methods are wrapped (an instance attribute shadows the class's method) rather than hooked: a
+    module with hooks takes torch's slower call path, whose extra Python would be charged to the caller.
+    """
+    saved = []
     for module in {id(model): model, id(model.base_model): model.base_model}.values():
-        handles.append(module.register_forward_pre_hook(lambda m, a: prof.push(category)))
-        handles.append(module.register_forward_hook(lambda m, a, o: prof.pop()))
+        saved.append((module, module.__dict__.get("forward")))  # e.g. accelerate's own wrapper under a device map
+        module.forward = prof.timed(module.forward, category)
     try:
         yield
     finally:
-        for h in handles:
-            h.remove()
+        for module, own in reversed(saved):
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
 
 
 @contextmanager
@@ -197,9 +204,9 @@ def profiled(decoder, prof: RoundProfiler) -> Iterator[RoundProfiler]:
                 stack.callback(delattr, owner, name)
         stack.enter_context(_patched_functions(prof))
         stack.enter_context(_draft_head_linear(prof))
-        stack.enter_context(_forward_hooks(prof, pair.target, "target_forward"))
+        stack.enter_context(_forward_timers(prof, pair.target, "target_forward"))
         if pair.draft is not pair.target:
-            stack.enter_context(_forward_hooks(prof, pair.draft, "draft_forward"))
+            stack.enter_context(_forward_timers(prof, pair.draft, "draft_forward"))
         yield prof
 
 

@@ -18,7 +18,7 @@ from specdec.drafters.early_exit import resolve_exit_layer, shallow_view
 from specdec.drafters.ngram import NgramDrafter, copy_length, find_continuation
 from specdec.errors import InvalidInputError
 from specdec.lab import chi_square
-from specdec.sampling import SamplingConfig, warp
+from specdec.sampling import SamplingConfig, dense, warp
 from specdec.settings import GAMMA_POLICIES
 
 DRAFTERS = ("model", "ngram", "early-exit", "cross")
@@ -45,7 +45,7 @@ def test_ngram_proposal_is_one_hot_and_says_where_it_copied_from(tiny_pair):
     ids = [10, 11, 12, 13, 1, 20, 10, 11]  # "10 11" recurs; what followed it: 12 13 EOS(1) 20
     d = NgramDrafter(tiny_pair.vocab_size, "cpu", 4, 1, eos_token_ids=(1,)).propose(ids, 5, SamplingConfig(), None)
     assert d.tokens.tolist() == [12, 13, 1]  # cut after the copied EOS
-    assert torch.equal(d.probs, torch.nn.functional.one_hot(d.tokens, tiny_pair.vocab_size).float())
+    assert torch.equal(dense(d.probs), torch.nn.functional.one_hot(d.tokens, tiny_pair.vocab_size).float())
     assert (d.note.drafter, d.note.one_hot, d.note.source_start, d.note.match_len) == ("ngram", True, 2, 2)
     empty = NgramDrafter(tiny_pair.vocab_size, "cpu").propose([4, 5, 6], 4, SamplingConfig(), None)
     assert empty.tokens.numel() == 0 and empty.probs.shape == (0, tiny_pair.vocab_size)
@@ -126,7 +126,7 @@ def test_cross_drafter_proposes_target_tokens_with_one_hot_q(no_eos):
     d = CrossTokenizerDrafter(no_eos.tokenizer, draft, no_eos.vocab_size, prompt_ids)
     out = d.propose(prompt_ids, 6, SamplingConfig(), None)
     assert 0 < out.tokens.numel() <= 6
-    assert torch.equal(out.probs, torch.nn.functional.one_hot(out.tokens, no_eos.vocab_size).float())
+    assert torch.equal(dense(out.probs), torch.nn.functional.one_hot(out.tokens, no_eos.vocab_size).float())
     # The note carries the draft's own pieces, which spell the proposal (the target side may be cut at gamma).
     assert "".join(out.note.draft_pieces).startswith(no_eos.tokenizer.decode(out.tokens.tolist()))
     assert out.note.one_hot and out.note.drafter == "cross"
@@ -247,7 +247,7 @@ class SmoothedQ:
 
     def propose(self, committed, gamma, cfg, gen) -> Draft:
         d = self.inner.propose(committed, gamma, cfg, gen)
-        return Draft(d.tokens, 0.5 * d.probs + 0.5 / self.v, d.note)
+        return Draft(d.tokens, 0.5 * dense(d.probs) + 0.5 / self.v, d.note)
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         self.inner.feedback(committed, n_accepted, n_drafted)

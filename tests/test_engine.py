@@ -15,7 +15,7 @@ from specdec.errors import InvalidInputError, ModelLoadError, UnsupportedModelEr
 from specdec.kvcache import CachedLM
 from specdec.models import load_pair
 from specdec.tiny import tiny_models, tiny_tokenizer
-from specdec.sampling import SamplingConfig, warp
+from specdec.sampling import SamplingConfig, dense, draw, warp
 
 PROMPT = "def fibonacci(n):"
 SAMPLED = SamplingConfig(temperature=0.9, top_k=40, top_p=0.95)
@@ -135,6 +135,25 @@ def test_reduced_head_matches_the_full_head_on_kept_ids(tiny_pair):
     assert torch.allclose(part[kept], full[kept], atol=1e-5)
     others = [i for i in range(tiny_pair.vocab_size) if i not in kept]
     assert torch.isinf(part[others]).all() and (part[others] < 0).all()
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(temperature=0.9), SamplingConfig(0.7, 5, 0.9),
+                                 SamplingConfig(1.2, 0, 0.8)])
+def test_drawing_over_the_head_columns_equals_drawing_over_the_full_row(tiny_pair, cfg):
+    """A reduced head's drafter draws over the scored columns only; the tokens (same seed) and q equal a draw
+    over the full -inf-padded row, because the columns are kept in vocabulary order."""
+    ids = tiny_pair.tokenizer("hello world", add_special_tokens=False)["input_ids"]
+    lm = CachedLM(tiny_pair.draft, tiny_pair.vocab_size, head_vocab=30, always_keep=(77,))
+    lm.keep_in_head([95, 3, 40])  # added out of order: the columns must still come out sorted
+    assert lm.columns.tolist() == sorted(lm.columns.tolist()) and lm.columns.tolist()[-3:] == [40, 77, 95]
+    compact = lm.logits_after(ids, all_columns=False)
+    full = torch.full((compact.shape[0], tiny_pair.vocab_size), float("-inf"))
+    full[:, lm.columns] = compact
+    for seed in range(20):
+        a_tok, a_q = draw(compact.expand(8, -1), cfg, torch.Generator().manual_seed(seed), lm.columns, lm.vocab_size)
+        b_tok, b_q = draw(full.expand(8, -1), cfg, torch.Generator().manual_seed(seed))
+        assert torch.equal(a_tok, b_tok)
+        assert torch.allclose(dense(a_q), dense(b_q), atol=1e-6)
 
 
 @pytest.mark.parametrize("draft_vocab", [0, 40])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.sampling import SamplingConfig, sample, warp
+from specdec.sampling import OneHot, SamplingConfig, dense, sample, warp
 from specdec.verify import residual_distribution, verify, verify_batch
 
 V = 8
@@ -194,8 +194,10 @@ def test_argmax_matches_torch_first_index_on_ties_and_bfloat16():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 151936, generator=g)
     x[2, [7, 900, 151935]] = 50.0  # a three-way tie: the first index wins, as in torch.argmax
-    for t in (x, x.bfloat16(), x[0]):
-        assert torch.equal(argmax(t), t.argmax(-1))
+    x[3] = -x[3].abs() - 1.0  # no positive value: the int16 reading of the bits does not apply
+    x[4, :100] = float("-inf")
+    for t in (x, x.bfloat16(), x.half(), x[0], x[3].bfloat16(), x[2].bfloat16(), x.double()):
+        assert torch.equal(argmax(t), t.argmax(-1)), t.dtype
 
 
 def test_sample_of_one_hot_rows_is_their_index_and_keeps_the_random_stream():
@@ -218,7 +220,8 @@ def test_draw_returns_the_distribution_it_drew_from():
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(4, 300, generator=g)
     tokens, q = draw(logits, SamplingConfig(), torch.Generator().manual_seed(0))
-    assert torch.equal(tokens, logits.argmax(-1)) and torch.equal(q, warp(logits, SamplingConfig()))
+    assert isinstance(q, OneHot) and torch.equal(tokens, logits.argmax(-1))
+    assert torch.equal(dense(q), warp(logits, SamplingConfig()))
     cfg = SamplingConfig(temperature=0.8, top_k=20)
     tokens, q = draw(logits, cfg, torch.Generator().manual_seed(0))
     assert torch.equal(q, warp(logits, cfg)) and (q.gather(-1, tokens[:, None]) > 0).all()
@@ -242,3 +245,47 @@ def test_top_rows_gives_torch_topk_values(vocab):
     ref_vals, _ = torch.topk(x, 8)
     assert torch.equal(vals, ref_vals) and torch.equal(x.gather(-1, ids), vals)
     assert ids[1, 0] == vocab - 1
+
+
+def _one_hot_or_not(ids_or_probs, as_ids: bool, vocab: int):
+    return OneHot(ids_or_probs, vocab) if as_ids else OneHot(ids_or_probs, vocab).dense()
+
+
+@pytest.mark.parametrize("q_ids,p_ids", [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("g", [0, 1, 3])
+def test_one_hot_rows_as_ids_give_the_dense_rule_exactly(q_ids, p_ids, g):
+    """OneHot rows (greedy warps, copied proposals) take shortcuts in the rule; every answer -- kept prefix, emitted
+    token, acceptance probabilities, the repair distribution and the random stream -- equals the dense rule's."""
+    V, B = 40, 64
+    gen = torch.Generator().manual_seed(g)
+    draft = torch.randint(V, (B, g), generator=gen)
+    target_ids = torch.where(torch.rand(B, g + 1, generator=gen) < 0.6,
+                             torch.cat([draft, torch.zeros(B, 1, dtype=torch.long)], 1), torch.randint(V, (B, g + 1), generator=gen))
+    if q_ids:
+        q_sparse, q_dense = OneHot(draft, V), OneHot(draft, V).dense()
+    else:  # a sampled q (with the draft token in its support) against a one-hot p
+        q_dense = torch.softmax(torch.randn(B, g, V, generator=gen), -1)
+        q_sparse = q_dense
+    if p_ids:
+        p_sparse, p_dense = OneHot(target_ids, V), OneHot(target_ids, V).dense()
+    else:
+        p_dense = torch.softmax(torch.randn(B, g + 1, V, generator=gen) + 6 * OneHot(target_ids, V).dense(), -1)
+        p_sparse = p_dense
+    a = verify_batch(draft, q_sparse, p_sparse, torch.Generator().manual_seed(7))
+    b = verify_batch(draft, q_dense, p_dense, torch.Generator().manual_seed(7))
+    assert torch.equal(a.n_accepted, b.n_accepted) and torch.equal(a.next_token, b.next_token)
+    assert torch.equal(a.accept_probs, b.accept_probs) and torch.equal(a.uniforms, b.uniforms)
+    assert torch.allclose(dense(a.final_dist), b.final_dist, atol=1e-7)
+    if p_ids:  # the repair of a one-hot p is p itself, kept as ids
+        assert isinstance(a.final_dist, OneHot)
+    if g:  # a case the test must reach: some rounds rejected, some not
+        assert 0 < int((a.n_accepted < g).sum()) < B and int((a.n_accepted > 0).sum()) > 0
+
+
+def test_one_hot_q_repairs_from_p_without_the_guess():
+    """A copied guess x (q one-hot on x) that is rejected is repaired from p with x removed, renormalized."""
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4]])
+    q = OneHot(torch.tensor([[0]]), 4)
+    v = verify(torch.tensor([0]), q[0], p, uniforms=torch.tensor([0.99]))
+    assert v.rejected_at == 0 and v.tokens[0] in (1, 2)
+    assert torch.allclose(dense(v.residual), torch.tensor([0.0, 0.6, 0.4, 0.0]))

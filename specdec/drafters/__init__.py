@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from ..events import DraftNote
-from ..sampling import SamplingConfig, one_hot
+from ..sampling import OneHot, Probs, SamplingConfig
 
 if TYPE_CHECKING:
     from ..models import ModelPair
@@ -30,13 +30,14 @@ if TYPE_CHECKING:
 @dataclass
 class Draft:
     tokens: torch.Tensor  # LongTensor [g], g may be 0
-    probs: torch.Tensor  # [g, V] the warped q each token was sampled from (one-hot for a deterministic proposal)
+    probs: Probs  # [g, V] the warped q each token was sampled from (OneHot for greedy or a deterministic proposal)
     note: DraftNote | None = None  # where the guesses came from, for display
 
 
 def no_draft(vocab_size: int, device, note: DraftNote | None = None) -> Draft:
     """An empty proposal: the round becomes one plain target step."""
-    return Draft(torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, vocab_size, device=device), note)
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    return Draft(empty, OneHot(empty, vocab_size), note)
 
 
 def one_hot_draft(tokens: list[int], vocab_size: int, device, note: DraftNote, stop_ids=()) -> Draft:
@@ -49,7 +50,7 @@ def one_hot_draft(tokens: list[int], vocab_size: int, device, note: DraftNote, s
             tokens = tokens[: i + 1]
             break
     t = torch.tensor(tokens, dtype=torch.long, device=device)
-    return Draft(t, one_hot(t, vocab_size), note)
+    return Draft(t, OneHot(t, vocab_size), note)
 
 
 class Drafter(Protocol):

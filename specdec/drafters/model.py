@@ -6,7 +6,7 @@ import torch
 
 from ..events import DraftNote
 from ..kvcache import CachedLM
-from ..sampling import draw
+from ..sampling import draw, stack_rows
 from . import Draft
 
 
@@ -31,18 +31,19 @@ class DraftModelDrafter:
         self._head_synced = len(committed)
         # The first step feeds every committed token the cache lacks (the whole prompt in round one, two tokens
         # after a bonus), so the draft catches up without an extra forward pass.
-        logits = self.lm.logits_after(committed)[-1]
+        lm = self.lm
+        logits = lm.logits_after(committed, all_columns=False)[-1]
         tokens, rows = [], []
         for i in range(gamma):
             if i > 0:
                 # Feed the previous guess only when another one is wanted: the last draft token is never fed.
-                logits = self.lm.feed([int(tokens[-1])])[-1]
-            token, q = draw(logits, cfg, gen)
+                logits = lm.feed([int(tokens[-1])], all_columns=False)[-1]
+            token, q = draw(logits, cfg, gen, lm.columns, lm.vocab_size)
             tokens.append(token)
             rows.append(q)
             if self.confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < self.confidence_threshold:
                 break
-        return Draft(torch.stack(tokens), torch.stack(rows), DraftNote("model"))
+        return Draft(torch.stack(tokens), stack_rows(rows), DraftNote("model"))
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         self.lm.sync(committed)
