@@ -114,13 +114,14 @@ def distribution(logits: torch.Tensor, cfg: SamplingConfig) -> Probs:
     """
     if cfg.greedy:
         return OneHot(argmax(logits), logits.shape[-1])
-    logits = logits.float()
     # Subtract the max first: softmax is unchanged, and a tiny temperature (1e-39 passes validation) then sends the
     # other logits to -inf instead of overflowing the best one to inf (inf - inf = NaN in the softmax).
     # A temperature below float32's smallest normal number would itself round to 0 in float32: divide in float64.
-    shifted = logits - logits.amax(-1, keepdim=True)
+    # In place on one float32 copy: each new 152k-entry tensor costs page faults on top of its pass.
+    shifted = logits.to(torch.float32, copy=True)
+    shifted -= shifted.amax(-1, keepdim=True)
     t = cfg.temperature
-    logits = shifted / t if t >= torch.finfo(torch.float32).tiny else (shifted.double() / t).float()
+    logits = shifted.div_(t) if t >= torch.finfo(torch.float32).tiny else (shifted.double() / t).float()
     vocab = logits.shape[-1]
     if 0 < cfg.top_k < vocab:
         vals, idx = torch.topk(logits, cfg.top_k, dim=-1)  # sorted, descending

@@ -289,3 +289,12 @@ def test_one_hot_q_repairs_from_p_without_the_guess():
     v = verify(torch.tensor([0]), q[0], p, uniforms=torch.tensor([0.99]))
     assert v.rejected_at == 0 and v.tokens[0] in (1, 2)
     assert torch.allclose(dense(v.residual), torch.tensor([0.0, 0.6, 0.4, 0.0]))
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(0.7), SamplingConfig(1e-39), SamplingConfig(0.9, 5, 0.8)])
+def test_warp_leaves_the_callers_logits_untouched(cfg):
+    """The warp works in place on its own float32 copy, never on the logits it was given (also when they are float32)."""
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    kept = x.clone()
+    probs = warp(x, cfg)
+    assert torch.equal(x, kept) and torch.allclose(probs.sum(-1), torch.ones(3))
