@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .errors import InvalidInputError
 from .sampling import SamplingConfig
 
-MAX_GAMMA = 16
+MAX_GAMMA = 32
 MAX_NEW_TOKENS = 4096
 MAX_PROMPT_TOKENS = 8192
 TOP_DISPLAY = 8  # default number of candidates per position a Round carries for display (recorded in each Round)

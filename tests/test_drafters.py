@@ -59,8 +59,8 @@ def test_ngram_buffer_follows_a_growing_and_a_new_text(tiny_pair):
 
 
 @pytest.mark.parametrize("match_len,n_max,gamma,expected", [
-    (4, 4, 16, 16), (3, 4, 16, 16), (2, 4, 16, 8), (1, 4, 16, 4), (1, 4, 8, 4), (2, 4, 12, 6), (1, 4, 3, 3),
-    (1, 4, 1, 1), (2, 2, 16, 16), (1, 2, 16, 8),  # with n_max 2, a 2-token match is as strong as the drafter looks for
+    (4, 4, 32, 32), (3, 4, 32, 32), (2, 4, 32, 16), (1, 4, 32, 4), (2, 4, 12, 12), (1, 4, 8, 4), (1, 4, 3, 3),
+    (1, 4, 1, 1), (2, 2, 32, 32), (1, 2, 32, 4), (1, 1, 32, 32),  # with n_max 2, a 2-token match is as strong as the drafter looks for
 ])
 def test_copy_length_follows_the_match_length(match_len, n_max, gamma, expected):
     assert copy_length(match_len, n_max, gamma) == expected

@@ -184,7 +184,7 @@ def test_end_to_end_first_token_follows_target(tiny_pair, draft_vocab):
         ("", {}, "empty"),
         ("   \n", {}, "empty"),
         ("hi", {"gamma": 0}, "gamma"),
-        ("hi", {"gamma": 17}, "gamma"),
+        ("hi", {"gamma": 33}, "gamma"),
         ("hi", {"max_new_tokens": 0}, "max_new_tokens"),
         ("hi", {"max_new_tokens": -5}, "max_new_tokens"),
         ("hi", {"seed": -1}, "seed"),

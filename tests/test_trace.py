@@ -268,7 +268,7 @@ def _round_cases(doc) -> dict:
     g = rounds[r]["gamma"]
     return {
         "n_accepted > gamma": (_set(f"rounds.{r}.n_accepted", g + 1), "more than the .* tokens drafted"),
-        "gamma too large": (_set(f"rounds.{r}.gamma", 99), "gamma must be a whole number from 0 to 16"),
+        "gamma too large": (_set(f"rounds.{r}.gamma", 99), "gamma must be a whole number from 0 to 32"),
         "q_draft short": (lambda d: d["rounds"][r]["q_draft"].pop(), "q_draft must be a list of .* probabilities"),
         "draft_ids long": (lambda d: d["rounds"][r]["draft_ids"].append(5), "draft_ids must be a list of"),
         "draft_pieces long": (lambda d: d["rounds"][r]["draft_pieces"].append("x"), "draft_pieces must be a list"),

@@ -23,11 +23,11 @@ from specdec.errors import InvalidInputError, SpecDecError
 from specdec.race import Race, parse_lanes
 from specdec.sampling import SamplingConfig
 
-DEFAULT_LANES = "model:4, ngram:16"
+DEFAULT_LANES = "model:4, ngram:32"
 LANE_PRESETS = {
-    "draft model vs prompt lookup": "model:4, ngram:16",
-    "every drafter": "model:4, ngram:16, early-exit:3, cross:4",
-    "prompt lookup: γ 8 vs 16 vs adaptive": "ngram:8, ngram:16, ngram:expected",
+    "draft model vs prompt lookup": "model:4, ngram:32",
+    "every drafter": "model:4, ngram:32, early-exit:3, cross:4",
+    "prompt lookup: γ 8 vs 32 vs adaptive": "ngram:8, ngram:32, ngram:expected",
     "draft model: γ policies": "model:4, model:heuristic, model:confidence, model:expected",
 }
 EXAMPLES = GROUNDED + [
