@@ -3,7 +3,8 @@
 Exactness depends on using the *same* warp for the draft (q) and the target (p) and on the draft sampling from
 exactly the q that verification later reads (transformers#32867 and #47932 broke both). Greedy decoding is not a
 separate code path: temperature 0 yields one-hot distributions, and the same rule then reduces to "keep the draft
-token iff it is the target's argmax, else emit the target's argmax".
+token iff it is the target's argmax, else emit the target's argmax". One-hot distributions are carried as their
+token ids (`OneHot`), so that reduction costs no pass over the vocabulary.
 """
 
 from __future__ import annotations
