@@ -168,8 +168,9 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
         return x.argmax(-1)
     bits = x.contiguous().view(torch.int16).numpy()
     idx = bits.argmax(-1)
-    if not (bits.max(-1) > 0).all():  # some row has no positive value: its pick may be wrong
-        idx = np.where(bits.max(-1) > 0, idx, x.float().numpy().argmax(-1))
+    positive = bits.max(-1) > 0
+    if not positive.all():  # some row has no positive value: its pick may be wrong
+        idx = np.where(positive, idx, x.float().numpy().argmax(-1))
     return torch.from_numpy(np.asarray(idx))
 
 
