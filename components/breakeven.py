@@ -1,4 +1,4 @@
-"""Rendering for the measured break-even map (specdec/breakeven.py): a heat map of predicted speedup over (α, γ)
+"""Rendering for the measured break-even map (specdec/learn/breakeven.py): a heat map of predicted speedup over (α, γ)
 with the slower-than-plain region marked and the user's runs placed on it, beside the per-token delay
 (verify + draft) / tokens per round that the speedup is made of, and a table of advice per run.
 """
@@ -12,14 +12,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specdec.breakeven import Costs, PlacedRun, best_gamma, break_even_alpha, delay_ms, speedup_grid
+from specdec.core.settings import DRAFTER_LABELS
+from specdec.learn.breakeven import Costs, PlacedRun, best_gamma, break_even_alpha, delay_ms, speedup_grid
 
 from .style import COLORS, axis, empty_figure, layout
 
 ALPHAS = np.round(np.linspace(0.0, 0.99, 100), 3)
 SYMBOLS = {"model": "circle", "ngram": "diamond", "early-exit": "square", "cross": "triangle-up"}
-DRAFTER_LABELS = {"model": "draft model", "ngram": "n-gram (prompt lookup)", "early-exit": "early exit",
-                  "cross": "cross-tokenizer draft"}
 # Red below 1x (slower than plain decoding), white at 1x, green above; the colour axis is centred at 1.
 SPEEDUP_SCALE = [[0.0, "#b91c1c"], [0.45, "#fca5a5"], [0.5, "#f8fafc"], [0.6, "#bbf7d0"], [1.0, "#15803d"]]
 

@@ -16,10 +16,10 @@ from typing import Sequence
 import numpy as np
 from plotly.colors import sample_colorscale
 
-from specdec import events
-from specdec.events import Round
-from specdec.lab import RunPoint, speedup_curve
-from specdec.metrics import StepCosts, alpha_estimate, loop_cost_ratio, predict_speedup, running_speedup
+from specdec.core import events
+from specdec.core.events import Round
+from specdec.learn.lab import RunPoint, speedup_curve
+from specdec.core.metrics import StepCosts, alpha_estimate, loop_cost_ratio, predict_speedup, running_speedup
 
 from .style import COLORS, axis, empty_figure, figure  # noqa: F401  (empty_figure: re-exported for older imports)
 from .tokens import fmt_prob, piece_html, visible_piece

@@ -3,13 +3,12 @@ or a RunRecord; the playground and the Learn tab both label rounds with these.""
 
 from __future__ import annotations
 
-from specdec import events
-from specdec.events import Round
-from specdec.record import RunRecord
+from specdec.core import events
+from specdec.core.events import Round
+from specdec.core.record import RunRecord
+from specdec.core.stop import stop_label
 
 from .tokens import quoted
-
-STOP_WORDS = {"eos": "end of text", "max_new_tokens": "token limit reached"}
 
 
 def default_selection(rnd: Round) -> tuple[int, int]:
@@ -60,7 +59,7 @@ def progress_message(record: RunRecord, rnd: Round) -> str:
 
 
 def finished_message(record: RunRecord) -> str:
-    why = STOP_WORDS.get(record.stop_reason, "finished")
+    why = stop_label(record.stop_reason) or "finished"
     return f"Done: {len(record.generated_ids)} tokens in {len(record.rounds)} rounds ({why})."
 
 
@@ -85,8 +84,7 @@ def describe_replay(record: RunRecord) -> str:
     where = ", ".join(x for x in (m.device, m.dtype) if x)
     when = f", recorded {record.created}" if record.created else ""
     drafter = "" if record.settings.drafter == "model" else f" with the {record.settings.drafter} drafter"
-    state = {"eos": "ended at end of text", "max_new_tokens": "reached its token limit"}.get(
-        record.stop_reason or "", "was stopped before the end")
+    state = f"stopped: {stop_label(record.stop_reason)}" if record.stop_reason else "was stopped before the end"
     return (f"Replaying a trace: {len(record.generated_ids)} tokens in {len(record.rounds)} rounds, made by {models}"
             f"{f' ({where})' if where else ''}{drafter}{when}; the run {state}. No model was loaded. "
             "Click tokens or pick a round to inspect it; Generate or Step starts a new run on this app's models.")

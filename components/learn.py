@@ -16,14 +16,14 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from specdec import events
-from specdec.events import Round, TokenProb
-from specdec.lab import HundredPoints, LabResult, RealCheck, RunPoint, format_p_value, speedup_curve
+from specdec.core import events
+from specdec.core.events import Round, TokenProb
+from specdec.learn.lab import LEVEL, HundredPoints, LabResult, RealCheck, RunPoint, format_p_value, speedup_curve
 
 from .style import COLORS, TOKEN_COLORS, layout
 from .tokens import piece_html
 
-# What the exactness lab's repair choices are called on screen (specdec.lab.REPAIRS holds the functions).
+# What the exactness lab's repair choices are called on screen (specdec.learn.lab.REPAIRS holds the functions).
 REPAIR_LABELS = {
     "correct": "Correct: draw from max(0, p − q)",
     "fresh-p": "Wrong: fresh draw from p",
@@ -355,7 +355,7 @@ def lab_figure(res: LabResult) -> go.Figure:
     return fig
 
 
-def verdict_of(pv: float, alpha_level: float = 1e-3) -> tuple[str, str]:
+def verdict_of(pv: float, alpha_level: float = LEVEL) -> tuple[str, str]:
     if math.isnan(pv):
         return "warn", "not enough samples to test"
     if pv < alpha_level:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import html
 
-from specdec import events
-from specdec.events import Round
+from specdec.core import events
+from specdec.core.stop import stop_label
+from specdec.core.events import Round
 
 from .tokens import ACCEPTED, BONUS, FATE_KIND, PLAIN, REPAIRED, fmt_prob, piece_html, quoted
 
@@ -118,8 +119,7 @@ def _emit_card(rnd: Round) -> str:
         f'{"s" if len(rnd.committed_ids) != 1 else ""} for 1 target pass: {committed}</div>'
     )
     if rnd.stop_reason:
-        reason = "end of text" if rnd.stop_reason == "eos" else "token limit reached"
-        body += f'<div class="sd-row sd-muted">generation stopped: {reason}</div>'
+        body += f'<div class="sd-row sd-muted">generation stopped: {stop_label(rnd.stop_reason)}</div>'
     return _card(4, title, sub, body)
 
 

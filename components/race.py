@@ -17,7 +17,8 @@ from itertools import accumulate
 
 import plotly.graph_objects as go
 
-from specdec.race import DRAFTER_NAMES, Lane, RaceView
+from specdec.core.settings import DRAFTER_LABELS
+from specdec.loop.race import Lane, RaceView
 
 from .tokens import piece_html
 
@@ -173,7 +174,7 @@ def _badge(lane: Lane) -> str:
     if lane.spec.drafter == "early-exit" and note is not None and note.layers:
         return f"{note.layers} of {note.total_layers} layers"
     return {"ngram": "copies text · q one-hot", "cross": "other tokenizer · q one-hot",
-            "model": "draft model · sampled q"}.get(lane.spec.drafter, DRAFTER_NAMES.get(lane.spec.drafter, ""))
+            "model": "draft model · sampled q"}.get(lane.spec.drafter, DRAFTER_LABELS.get(lane.spec.drafter, ""))
 
 
 def _lane_html(view: RaceView, i: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from specdec.metrics import RunMetrics
+from specdec.core.metrics import RunMetrics
 
 
 def passes_saved(m: RunMetrics) -> int:
@@ -31,7 +31,7 @@ def _per_position(m: RunMetrics) -> str:
 
 
 def _c_words(m: RunMetrics) -> str:
-    """Which cost ratio the prediction used, by name (specdec/metrics.py defines both)."""
+    """Which cost ratio the prediction used, by name (specdec/core/metrics.py defines both)."""
     if m.c_loop is not None:
         return f"c_loop = {m.c_loop:.2f} (draft ms per guess ÷ verify ms per round, as this run paid it)"
     if m.c_plain is not None:
@@ -41,7 +41,7 @@ def _c_words(m: RunMetrics) -> str:
 
 def render_stats(m: RunMetrics | None) -> str:
     """Acceptance, tokens per round, tok/s, passes saved, measured and predicted speedup, from a run's metrics
-    (RunRecord.metrics); every number is computed in specdec.metrics, none here."""
+    (RunRecord.metrics); every number is computed in specdec.core.metrics, none here."""
     if m is None or not m.rounds:
         return '<div class="sd-stats sd-stats-empty">Stats appear after the first round.</div>'
     cells = [

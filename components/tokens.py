@@ -13,8 +13,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from specdec import events
-from specdec.events import Round
+from specdec.core import events
+from specdec.core.events import Round
 
 # Chip kinds double as CSS classes (tok-<kind>); tests and the browser rely on these names.
 ACCEPTED, REJECTED, REPAIRED, DISCARDED, BONUS, CUT = "acc", "rej", "rep", "disc", "bonus", "cut"

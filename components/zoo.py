@@ -1,4 +1,4 @@
-"""Rendering for the bug zoo (specdec/zoo.py): where each bug's wrong mass goes, its verdict, and an overview table.
+"""Rendering for the bug zoo (specdec/learn/zoo.py): where each bug's wrong mass goes, its verdict, and an overview table.
 
 Pure functions of ZooResults; ui/learn_tab.py wires them. Token text is escaped (tokenizer pieces and the learner's
 labels reach HTML and Plotly labels, which read HTML too).
@@ -14,8 +14,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specdec.lab import MAX_LAB_ROUNDS, format_p_value
-from specdec.zoo import ENTRIES, LEVEL, ZooResult, chart_cells, describe_sampling
+from specdec.learn.lab import MAX_LAB_ROUNDS, format_p_value
+from specdec.learn.zoo import ENTRIES, LEVEL, ZooResult, chart_cells, describe_sampling
 
 from .style import COLORS, axis, layout
 from .tokens import piece_html

@@ -10,7 +10,7 @@ No real weights travel to the device machine (64 MiB upload), so:
   * timings run on random-weight models built from the real Qwen2.5-Coder 1.5B (target) and 0.5B (draft) configs
     (weights do not change the cost of a forward pass): a target pass over k = 1..16 new tokens after a
     128-token prefix, a draft pass (reduced and full vocabulary head), c, plain per-token costs, and the loop's
-    overhead per round by category (specdec.overhead).
+    overhead per round by category (specdec.bench.overhead).
 Every timed region is bracketed by torch.cuda.synchronize. Writes one JSON ($OUT/gpu-check.json when $OUT is set)
 and prints a summary; exits 1 when an exactness check fails.
 """
@@ -76,8 +76,9 @@ def med(xs: list[float]) -> float:
 
 
 def check_greedy(pair, cfg) -> dict:
-    from specdec.decoder import SpeculativeDecoder, plain_decode
-    from specdec.settings import DecodeSettings
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.loop.plain import plain_decode
+    from specdec.core.settings import DecodeSettings
 
     rows = []
     for prompt in PROMPTS[: cfg.prompts]:
@@ -99,11 +100,12 @@ def check_greedy(pair, cfg) -> dict:
 @torch.inference_mode()
 def check_first_token(pair, cfg) -> dict:
     """First emitted token of n independent rounds (gamma=2, T=1) vs the target's exact next-token distribution."""
-    from specdec.decoder import SpeculativeDecoder, encode_prompt
-    from specdec.kvcache import CachedLM
-    from specdec.lab import chi_square
-    from specdec.sampling import SamplingConfig, warp
-    from specdec.settings import DecodeSettings
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.core.settings import encode_prompt
+    from specdec.core.kvcache import CachedLM
+    from specdec.learn.lab import chi_square
+    from specdec.core.sampling import SamplingConfig, warp
+    from specdec.core.settings import DecodeSettings
 
     sampling = SamplingConfig(temperature=1.0)
     ids = encode_prompt(pair.tokenizer, CHI_PROMPT)
@@ -126,7 +128,7 @@ def check_first_token(pair, cfg) -> dict:
 @torch.inference_mode()
 def check_rollback(pair, dtype: torch.dtype) -> dict:
     """Feed, crop back, refeed other tokens: the logits must equal one fresh pass over the final sequence."""
-    from specdec.kvcache import CachedLM
+    from specdec.core.kvcache import CachedLM
 
     gen = torch.Generator().manual_seed(0)
     base = torch.randint(4, pair.vocab_size, (24,), generator=gen).tolist()
@@ -156,7 +158,7 @@ def check_rollback(pair, dtype: torch.dtype) -> dict:
 def exactness(dev: torch.device, dtype_name: str, cfg) -> dict:
     from dataclasses import replace
 
-    from specdec.models import load_pair
+    from specdec.models.pair import load_pair
 
     pair = load_pair("tiny", dtype=dtype_name, device=str(dev), shared=False)
     # The tiny draft is the target plus a little noise (few rejections). For the distribution test the draft is an
@@ -185,8 +187,8 @@ def random_pair(dev: torch.device, dtype: torch.dtype, short: bool):
     """Random-weight target and draft with the real configs (shrunk with --short), sharing a padded tokenizer."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from specdec.models import ModelPair, eos_ids
-    from specdec.tiny import tiny_tokenizer
+    from specdec.models.pair import ModelPair, eos_ids
+    from specdec.models.tiny import tiny_tokenizer
 
     specs = [{**spec, **(SHORT_SHAPES if short else {})} for spec in (TARGET_1_5B, DRAFT_0_5B)]
     vocab = specs[0]["vocab_size"]
@@ -205,8 +207,8 @@ def random_pair(dev: torch.device, dtype: torch.dtype, short: bool):
 @torch.inference_mode()
 def pass_costs(pair, cfg) -> dict:
     """Median ms of one cached forward pass over k new tokens after a prefix, as CachedLM.feed runs it."""
-    from specdec.decoder import AUTO_DRAFT_VOCAB
-    from specdec.kvcache import CachedLM
+    from specdec.drafters.head import AUTO_DRAFT_VOCAB
+    from specdec.core.kvcache import CachedLM
 
     dev = pair.device
     gen = torch.Generator().manual_seed(0)
@@ -251,8 +253,8 @@ def host_sync_probe(pair, cfg) -> dict:
     faster than untimed ones (tiny pair 21 vs 83 ms/round): this measures whether waiting for queued GPU work
     inside a device-to-host read (.tolist(), int(t)) is what costs, alternating the two so drift hits both.
     """
-    from specdec.decoder import SpeculativeDecoder
-    from specdec.settings import DecodeSettings
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.core.settings import DecodeSettings
 
     dev = pair.device
     settings = DecodeSettings(gamma=4, max_new_tokens=cfg.overhead_tokens)
@@ -309,10 +311,10 @@ def host_sync_probe(pair, cfg) -> dict:
 
 
 def timings(dev: torch.device, cfg) -> dict:
-    from specdec.decoder import measure_step_costs
-    from specdec.overhead import PROMPTS as OVERHEAD_PROMPTS
-    from specdec.overhead import measure_overhead
-    from specdec.models import load_pair
+    from specdec.loop.plain import measure_step_costs
+    from specdec.bench.overhead import PROMPTS as OVERHEAD_PROMPTS
+    from specdec.bench.overhead import measure_overhead
+    from specdec.models.pair import load_pair
 
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()

@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import SpecDecError
-from .settings import DRAFTERS
+from specdec.core.errors import SpecDecError
+from specdec.core.settings import DRAFTERS
 
 
 def _add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="one JSON object per round, then a summary object")
 
     b = sub.add_parser("bench", help="benchmark against plain decoding and transformers assisted generation")
-    from .bench import add_bench_args
+    from specdec.bench.cli import add_bench_args
 
     add_bench_args(b)
     _add_model_args(b)
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def decode_settings(args):
-    from .decoder import DecodeSettings
-    from .sampling import SamplingConfig
+    from specdec.core.settings import DecodeSettings
+    from specdec.core.sampling import SamplingConfig
 
     auto = args.gamma == "auto"
     return DecodeSettings(
@@ -104,7 +104,7 @@ def _prediction(args) -> str:
     path = getattr(args, "prediction_file", None)
     if not path:
         return getattr(args, "prediction", "") or ""
-    from .errors import InvalidInputError
+    from specdec.core.errors import InvalidInputError
 
     try:
         return Path(path).read_text(encoding="utf-8")
@@ -113,15 +113,16 @@ def _prediction(args) -> str:
 
 
 def load_from_args(args):
-    from .models import load_pair
+    from specdec.models.pair import load_pair
 
     return load_pair(args.pair, target=args.target, draft=args.draft, dtype=args.dtype, device=args.device,
                      device_map=getattr(args, "device_map", None), progress=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def cmd_generate(args) -> int:
-    from .decoder import SpeculativeDecoder, plain_decode
-    from .metrics import StepCosts
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.loop.plain import plain_decode
+    from specdec.core.metrics import StepCosts
 
     settings = decode_settings(args)
     pair = load_from_args(args)
@@ -141,7 +142,7 @@ def cmd_generate(args) -> int:
     record = dec.record(costs)
     m = record.metrics
     if args.trace:
-        from .trace import dumps_trace
+        from specdec.io.trace import dumps_trace
 
         Path(args.trace).write_text(dumps_trace(record), encoding="utf-8")
     spec_tok_s = 1e3 * len(dec.generated_ids) / dec.totals.elapsed_ms if dec.totals.elapsed_ms else 0.0
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
-        from .bench import cmd_bench
+        from specdec.bench.cli import cmd_bench
 
         return cmd_bench(args, lambda: load_from_args(args))
     except SpecDecError as exc:

@@ -18,13 +18,14 @@ import ui.gpu_run as gpu_run
 import ui.loader as loader_mod
 import ui.playground as playground
 import ui.session as session_mod
-from specdec.decoder import DecodeSettings, SpeculativeDecoder
-from specdec.errors import UnsupportedModelError
-from specdec.hub import ModelCheck
-from specdec.metrics import StepCosts
-from specdec.record import RunRecord
-from specdec.sampling import SamplingConfig
-from specdec.trace import dumps_trace, load_trace_file
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.errors import UnsupportedModelError
+from specdec.models.hub import ModelCheck
+from specdec.core.metrics import StepCosts
+from specdec.core.record import RunRecord
+from specdec.core.sampling import SamplingConfig
+from specdec.io.trace import dumps_trace, load_trace_file
 from tests.test_zerogpu import FakeSpaces
 from ui.loader import PairLoader, PairRequest
 from ui.playground import DETACHED_STEP_MESSAGE, Playground, Session, guarded
@@ -231,7 +232,7 @@ def test_app_imports_spaces_support_before_gradio_and_torch():
     tree = ast.parse((ROOT / "app.py").read_text())
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     first = next(n for n in imports if not (isinstance(n, ast.ImportFrom) and n.module == "__future__"))
-    assert isinstance(first, ast.ImportFrom) and first.module == "specdec.zerogpu"
+    assert isinstance(first, ast.ImportFrom) and first.module == "ui.zerogpu"
 
 
 # ----------------------------------------------------------------------------------------------- sharing
@@ -293,12 +294,12 @@ def test_bad_drafter_choices_are_refused_with_a_message(pg):
 
 
 def test_an_unavailable_drafter_shows_the_engines_message(pg, monkeypatch):
-    from specdec.errors import InvalidInputError
+    from specdec.core.errors import InvalidInputError
 
     def unavailable(*a, **k):
         raise InvalidInputError("the 'cross' drafter is not available yet")
 
-    monkeypatch.setattr("specdec.decoder.make_drafter", unavailable)
+    monkeypatch.setattr("specdec.loop.decoder.make_drafter", unavailable)
     out = last(guarded(pg.generate)(None, *controls(), "cross", "fixed"))
     assert "sd-status-error" in out[STATUS] and "not available yet" in out[STATUS]
 

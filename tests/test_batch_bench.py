@@ -1,4 +1,4 @@
-"""The batch benchmark (specdec/batch_bench.py), its figures and views (components/batch.py) and the Batch tab's
+"""The batch benchmark (specdec/bench/batch.py), its figures and views (components/batch.py) and the Batch tab's
 handlers (ui/batch_tab.py), on the tiny pair: bookkeeping, prediction math, bad input."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import gradio as gr
 import pytest
 
 from components import batch as view
-from specdec import batch_bench as bb
+from specdec.bench import batch as bb
 from specdec.cli import main
-from specdec.errors import InvalidInputError
-from specdec.metrics import expected_tokens_per_round
+from specdec.core.errors import InvalidInputError
+from specdec.core.metrics import expected_tokens_per_round
 from ui import batch_tab
 
 TINY = ["--pair", "tiny", "--dtype", "float32", "--device", "cpu"]
@@ -35,9 +35,13 @@ def test_cli_writes_every_row_with_consistent_figures(result, capsys):
         assert r["verify_tokens"] in (r["batch"] * (g + 1) for g in (1, 2, 3))  # gamma shrinks near the budget
         assert 1 <= r["tokens_per_round_per_row"] <= 4 and 0 <= r["alpha"] <= 1
         assert r["plain_latency_ms"] > 0 and r["spec_latency_ms"] > 0
+        assert r["accepted"] == round(r["alpha"] * r["tested"])  # one repeat: the pooled count is that run's
         assert r["predicted_tokens_per_round_per_row"] == pytest.approx(
             bb.expected_tokens_per_row(result["fits"][r["mode"]]["alpha"], 3, r["batch"]))
     for mode in ("greedy", "sampled"):
+        rows_m = [r for r in rows if r["mode"] == mode]
+        assert result["fits"][mode]["alpha"] == pytest.approx(sum(r["accepted"] for r in rows_m) /
+                                                              sum(r["tested"] for r in rows_m))
         assert set(result["crossover"][mode]) == {"measured", "measured_steady", "predicted"}
         assert len(result["prediction_curve"][mode]) == bb.PREDICT_UP_TO
     ex = result["example"]
@@ -120,7 +124,7 @@ def test_figures_show_prediction_beside_measurement(result):
 
 
 def test_batch_view_shows_waiting_rows_and_the_slowest():
-    rnd = {"index": 0, "gamma": 3, "active": [True, True, False], "n_accepted": [1, 3, None], "kept": 1,
+    rnd = {"index": 0, "gamma": 3, "active": [True, True, False], "n_accepted": [1, 3, None], "slowest": 1,
            "committed": [[5, 6], [7, 8], []], "pieces": [["a", "b"], ["c", " d"], []], "own": [True, False, False],
            "held": [0, 2, 0], "thrown": 2}
     out = view.render_batch_view([rnd], ["first <prompt>", "second"])

@@ -9,19 +9,20 @@ import numpy as np
 import pytest
 import torch
 
-import specdec.batched as batched
-from specdec.batched import (
+import specdec.loop.batched as batched
+from specdec.loop.batched import (
     MAX_BATCH,
     BatchedSpeculativeDecoder,
     encode_batch,
     plain_batch_decode,
     speculative_batch_decode,
 )
-from specdec.decoder import DecodeSettings, plain_decode
-from specdec.errors import InvalidInputError
-from specdec.lab import chi_square
-from specdec.sampling import SamplingConfig, warp
-from specdec.verify import verify_batch
+from specdec.core.settings import DecodeSettings
+from specdec.loop.plain import plain_decode
+from specdec.core.errors import InvalidInputError
+from specdec.learn.lab import chi_square
+from specdec.core.sampling import SamplingConfig, warp
+from specdec.core.verify import verify_batch
 
 # Different lengths on purpose: the short rows are left-padded in every batch.
 PROMPTS = ["def fibonacci(n):", "Hi", "The quick brown fox jumps over the lazy dog", "x = 1\ny"]
@@ -51,12 +52,12 @@ def test_lockstep_bookkeeping(no_eos):
     done = 0
     for r in rounds:
         ns = [n for n in r.n_accepted if n is not None]
-        assert r.kept == min(ns)
+        assert r.slowest == min(ns)
         k = len(r.committed[0])
-        assert all(len(c) == k for c in r.committed) and k == min(r.kept + 1, 40 - done)
+        assert all(len(c) == k for c in r.committed) and k == min(r.slowest + 1, 40 - done)
         # a minimal row ends on its own repair/bonus, the others only emit kept guesses
         for n, own in zip(r.n_accepted, r.own):
-            assert own == (n == r.kept and k == r.kept + 1)
+            assert own == (n == r.slowest and k == r.slowest + 1)
         assert r.thrown == sum(min(n + 1, 40 - done) - k for n in ns)
         done += k
     st = res.stats()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+from pathlib import Path
 
 import pytest
 
-from specdec.bench import CONTENDERS, summarize_group
+from specdec.bench.harness import Sample, assistant_for
+from specdec.bench.speed import CONTENDERS, summarize_group
 from specdec.cli import main
-from specdec.metrics import predicted_speedup
+from specdec.core.metrics import predicted_speedup
 
 TINY = ["--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "8"]
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "render_overhead.py"
 
 
 def _bench(tmp_path, *extra) -> dict:
@@ -23,7 +27,7 @@ def _bench(tmp_path, *extra) -> dict:
 def test_quick_bench_reports_every_group_and_consistent_ratios(tmp_path, capsys):
     res = _bench(tmp_path, "--gamma", "3")
     printed = capsys.readouterr().out
-    assert "(d)/(b)" in printed and "render overhead" in printed
+    assert "(d)/(b)" in printed and "scripts/render_overhead.py" in printed  # where the render overhead went
     groups = res["groups"]
     assert set(groups) == {f"{m}/{k}" for m in ("greedy", "sampled") for k in ("code", "prose", "chat", "all")} | {"all"}
     # interleaved: each (mode, prompt) ran every contender once, and all produced tokens
@@ -38,13 +42,36 @@ def test_quick_bench_reports_every_group_and_consistent_ratios(tmp_path, capsys)
         assert g["c_plain"] == pytest.approx(res["c_plain"]) and 0 < g["c_loop"]
         assert 1 <= g["mean_gamma"] <= 3
         assert 0 <= g["alpha"] <= 1 and 1 <= g["tokens_per_round"] <= 4
+    assert "render" not in res  # the bench does not import the app's renderers
+    assert [(s["mode"], s["kind"]) for s in res["samples"][:4]] == [("greedy", "code")] * 4
+    assert [s["contender"] for s in res["samples"][:8]] == [*CONTENDERS, *CONTENDERS[1:], CONTENDERS[0]]  # rotated
+
+
+def _render_script():
+    spec = importlib.util.spec_from_file_location("render_overhead", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_render_overhead_script_runs_the_bench_and_adds_the_render_share(tmp_path, capsys):
+    out = tmp_path / "render.json"
+    script = _render_script()
+    assert script.main(["--quick", *TINY, "--modes", "greedy", "--kinds", "code", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert "(d)/(b)" in printed and "render overhead (app components, charts every round)" in printed
+    assert set(res["groups"]) == {"greedy/code", "greedy/all", "all"}
     # tiny-model rounds take about a millisecond, so only the bookkeeping is checked here
-    assert res["render"]["render_ms"] > 0 and res["render"]["generation_ms"] > 0
+    r = res["render"]
+    assert r["render_ms"] > 0 and r["generation_ms"] > 0 and r["fraction"] == pytest.approx(r["render_ms"] /
+                                                                                             r["generation_ms"])
+    assert script.main(["--drafter", "ngram", *TINY]) == 2
+    assert "drop --drafter" in capsys.readouterr().err
 
 
 def test_group_summary_uses_medians_and_per_token_alpha():
-    from specdec.bench import Sample
-    from specdec.metrics import StepCosts
+    from specdec.core.metrics import StepCosts
     from tests.test_audit_defects import _round
 
     def s(name, tok, sec, rounds=()):
@@ -101,8 +128,6 @@ def test_policy_option_runs_our_loop_adaptively_and_predicts_at_its_mean_gamma(t
 
 
 def test_assisted_generation_leaves_the_shared_draft_config_alone(tiny_pair):
-    from specdec.bench import assistant_for
-
     before = tiny_pair.draft.generation_config.to_dict()
     view = assistant_for(tiny_pair.draft, 7)
     assert view.generation_config.num_assistant_tokens == 7 and view.generation_config.assistant_confidence_threshold == 0

@@ -8,12 +8,12 @@ import plotly.graph_objects as go
 import pytest
 
 from components import breakeven as view
-from specdec import breakeven as be
-from specdec.decoder import SpeculativeDecoder
-from specdec.errors import InvalidInputError
-from specdec.metrics import predicted_speedup as leviathan
-from specdec.sampling import SamplingConfig
-from specdec.settings import DecodeSettings
+from specdec.learn import breakeven as be
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.errors import InvalidInputError
+from specdec.core.metrics import predicted_speedup as leviathan
+from specdec.core.sampling import SamplingConfig
+from specdec.core.settings import DecodeSettings
 
 
 def _costs(verify, draft) -> be.Costs:
@@ -25,18 +25,18 @@ def _costs(verify, draft) -> be.Costs:
 def test_flat_verify_cost_gives_leviathans_formula(alpha, gamma):
     """With every verify pass costing one target step (10 ms) and a 2 ms draft, c = 0.2 in the classic formula."""
     c = _costs([10.0] * 16, {"model": 2.0})
-    assert be.predicted_speedup(c, "model", alpha, gamma) == pytest.approx(leviathan(alpha, gamma, 0.2))
-    assert be.delay_ms(c, "model", alpha, gamma) * be.predicted_speedup(c, "model", alpha, gamma) == pytest.approx(10)
+    assert be.measured_curve_speedup(c, "model", alpha, gamma) == pytest.approx(leviathan(alpha, gamma, 0.2))
+    assert be.delay_ms(c, "model", alpha, gamma) * be.measured_curve_speedup(c, "model", alpha, gamma) == pytest.approx(10)
 
 
 def test_a_rising_verify_cost_lowers_the_speedup_and_moves_break_even():
     flat = _costs([10.0] * 16, {"model": 2.0})
     rising = _costs([10.0 + 3 * k for k in range(16)], {"model": 2.0})
-    assert be.predicted_speedup(rising, "model", 0.8, 6) < be.predicted_speedup(flat, "model", 0.8, 6)
+    assert be.measured_curve_speedup(rising, "model", 0.8, 6) < be.measured_curve_speedup(flat, "model", 0.8, 6)
     a_flat, a_rise = be.break_even_alpha(flat, "model", 4), be.break_even_alpha(rising, "model", 4)
     assert a_rise > a_flat
     for c, a in ((flat, a_flat), (rising, a_rise)):
-        assert be.predicted_speedup(c, "model", a, 4) >= 1 > be.predicted_speedup(c, "model", a - 0.002, 4)
+        assert be.measured_curve_speedup(c, "model", a, 4) >= 1 > be.measured_curve_speedup(c, "model", a - 0.002, 4)
     # A draft that costs as much as the target never pays off.
     assert be.break_even_alpha(_costs([10.0] * 16, {"model": 10.0}), "model", 4) is None
 
@@ -45,8 +45,8 @@ def test_best_gamma_is_the_argmax():
     c = _costs([10.0 + 0.5 * k for k in range(16)], {"model": 1.0})
     for a in (0.3, 0.6, 0.9):
         g, s = be.best_gamma(c, "model", a)
-        assert s == max(be.predicted_speedup(c, "model", a, k) for k in range(1, 16))
-        assert s == be.predicted_speedup(c, "model", a, g)
+        assert s == max(be.measured_curve_speedup(c, "model", a, k) for k in range(1, 16))
+        assert s == be.measured_curve_speedup(c, "model", a, g)
     assert be.best_gamma(c, "model", 0.9)[0] > be.best_gamma(c, "model", 0.3)[0]  # better guesses, longer drafts
 
 

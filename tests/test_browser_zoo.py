@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from components.zoo import ZOO_CHOICES
-from specdec import zoo
+from specdec.learn import zoo
 from tests.test_browser_learn import _open_learn, _record_a_run, _wait_text
 
 pytestmark = pytest.mark.browser

@@ -25,10 +25,11 @@ from components import (
 )
 from components.charts import OTHER, running_alpha
 from components.labels import describe_round, position_choices, round_choices
-from specdec.decoder import DecodeSettings, SpeculativeDecoder
-from specdec.events import DraftNote, Round, TokenProb, Totals
-from specdec.metrics import StepCosts, predicted_speedup, rounds_cost_ratio, running_speedup, summarize
-from specdec.sampling import SamplingConfig
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.events import DraftNote, Round, TokenProb, Totals
+from specdec.core.metrics import StepCosts, predicted_speedup, rounds_cost_ratio, running_speedup, summarize
+from specdec.core.sampling import SamplingConfig
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '<img src=x onerror="alert(2)">'

@@ -53,8 +53,9 @@ def controls(req) -> tuple:
 
 
 def solo_text(pair, req) -> str:
-    from specdec.decoder import DecodeSettings, SpeculativeDecoder
-    from specdec.sampling import SamplingConfig
+    from specdec.core.settings import DecodeSettings
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.core.sampling import SamplingConfig
 
     prompt, chat, gamma, temperature, top_k, top_p, seed = req
     settings = DecodeSettings(gamma=gamma, max_new_tokens=MAX_NEW, seed=seed, chat=chat,

@@ -197,16 +197,16 @@ def test_models_are_converted_at_build_time_as_the_user(instructions):
 
 
 def test_conversion_step_builds_every_embedded_model(instructions, monkeypatch):
-    import specdec.embedded
+    import specdec.models.embedded
 
     _, conv = conversion_step(instructions)
     words = shlex.split(conv.args)
     assert words[:2] == ["python", "-c"], conv.args
     code = words[2]
     called = []
-    monkeypatch.setattr(specdec.embedded, "embedded_folder", lambda slug, progress=None: called.append(slug))
+    monkeypatch.setattr(specdec.models.embedded, "embedded_folder", lambda slug, progress=None: called.append(slug))
     exec(compile(code, "<Dockerfile RUN>", "exec"), {})
-    assert sorted(called) == sorted(specdec.embedded.EMBEDDED)
+    assert sorted(called) == sorted(specdec.models.embedded.EMBEDDED)
 
 
 def test_conversion_layer_has_the_code_it_imports(instructions):
@@ -215,12 +215,22 @@ def test_conversion_layer_has_the_code_it_imports(instructions):
     copied = set()
     for n, c in find(instructions, "COPY"):
         if n < n_conv:
-            copied.update(c.flags_and_rest()[1][:-1])
+            *sources, dest = c.flags_and_rest()[1]
+            for src in sources:  # each source file must land in its own package folder (COPY flattens)
+                if src.startswith("specdec/"):
+                    assert dest.rstrip("/") == src.rpartition("/")[0], f"COPY {src} -> {dest}"
+            copied.update(sources)
     assert "." not in copied, "copying the whole source before the conversion would rerun it on every edit"
-    tree = ast.parse((ROOT / "specdec" / "embedded.py").read_text())
-    needed = {"specdec/__init__.py", "specdec/embedded.py"}
-    needed |= {f"specdec/{node.module}.py" for node in ast.walk(tree)
-               if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+
+    def files_of(module: str) -> set[str]:
+        parts = module.split(".")
+        return {"/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts))} | {"/".join(parts) + ".py"}
+
+    tree = ast.parse((ROOT / "specdec" / "models" / "embedded.py").read_text())
+    needed = files_of("specdec.models.embedded")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec."):
+            needed |= files_of(node.module)
     assert needed <= copied, f"missing before the conversion step: {sorted(needed - copied)}"
 
 
@@ -232,7 +242,7 @@ def test_copied_files_exist_and_are_not_dockerignored(instructions):
                 continue
             assert (ROOT / src).exists(), f"COPY {src}: no such file"
             assert not is_ignored(src, ignored), f"COPY {src}: excluded by .dockerignore"
-    for needed in ("app.py", "specdec/models.py", "requirements.txt", "components", "ui", "assets"):
+    for needed in ("app.py", "specdec/models/pair.py", "requirements.txt", "components", "ui", "assets"):
         assert not is_ignored(needed, ignored), f"{needed} must reach the image"
 
 

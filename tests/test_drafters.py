@@ -11,15 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, plain_decode
+from specdec.core.settings import DecodeSettings, encode_prompt
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.loop.plain import plain_decode
 from specdec.drafters import Draft, make_drafter
-from specdec.drafters.cross import CrossTokenizerDrafter, retokenize, tiny_cross_draft
+from specdec.drafters.cross import CrossTokenizerDrafter, retokenize
+from specdec.models.cross import tiny_cross_draft
 from specdec.drafters.early_exit import resolve_exit_layer, shallow_view
 from specdec.drafters.ngram import NgramDrafter, copy_length, find_continuation
-from specdec.errors import InvalidInputError
-from specdec.lab import chi_square
-from specdec.sampling import SamplingConfig, dense, warp
-from specdec.settings import GAMMA_POLICIES
+from specdec.core.errors import InvalidInputError
+from specdec.learn.lab import chi_square
+from specdec.core.sampling import SamplingConfig, dense, warp
+from specdec.core.settings import GAMMA_POLICIES
 
 DRAFTERS = ("model", "ngram", "early-exit", "cross")
 REFUSED = {("ngram", "confidence")}

@@ -10,12 +10,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.decoder import DecodeSettings, SpeculativeDecoder, plain_decode
-from specdec.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
-from specdec.kvcache import CachedLM
-from specdec.models import load_pair
-from specdec.tiny import tiny_models, tiny_tokenizer
-from specdec.sampling import SamplingConfig, dense, draw, warp
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.loop.plain import plain_decode
+from specdec.core.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
+from specdec.core.kvcache import CachedLM
+from specdec.models.pair import load_pair
+from specdec.models.tiny import tiny_models, tiny_tokenizer
+from specdec.core.sampling import SamplingConfig, dense, draw, warp
 
 PROMPT = "def fibonacci(n):"
 SAMPLED = SamplingConfig(temperature=0.9, top_k=40, top_p=0.95)
@@ -265,7 +267,7 @@ def test_chat_prompt_uses_template(tiny_pair):
 def test_draft_head_is_reduced_only_for_large_vocabularies_with_plain_heads(tiny_pair):
     from types import SimpleNamespace
 
-    from specdec.decoder import AUTO_DRAFT_VOCAB, resolve_draft_vocab
+    from specdec.drafters.head import AUTO_DRAFT_VOCAB, resolve_draft_vocab
 
     def pair(vocab, model_type, device="cpu"):
         return SimpleNamespace(vocab_size=vocab, draft=SimpleNamespace(config=SimpleNamespace(model_type=model_type)),

@@ -162,7 +162,7 @@ def call(rec: Recorder, client, endpoint: str, args: tuple) -> None:
     elif endpoint == "/lab":
         kind, msg = status_kind(final[1])
     elif endpoint == "/export_trace" and final is not None:
-        from specdec.trace import load_trace_file
+        from specdec.io.trace import load_trace_file
 
         load_trace_file(final)  # whatever the app exports must load back
     if kind == "crash":
@@ -346,10 +346,11 @@ def fuzz_app():
 
 @pytest.fixture(scope="module")
 def base_trace(tiny_pair) -> dict:
-    from specdec.decoder import DecodeSettings, SpeculativeDecoder
-    from specdec.sampling import SamplingConfig
-    from specdec.metrics import StepCosts
-    from specdec.trace import record_to_dict
+    from specdec.core.settings import DecodeSettings
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.core.sampling import SamplingConfig
+    from specdec.core.metrics import StepCosts
+    from specdec.io.trace import record_to_dict
 
     dec = SpeculativeDecoder(tiny_pair, "Hello world", DecodeSettings(gamma=4, max_new_tokens=24, seed=1,
                                                                         sampling=SamplingConfig(0.9, 0, 1.0)))

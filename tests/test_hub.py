@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import specdec.hub as hub
-from specdec.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
-from specdec.hub import check_model_id, estimate_parameters, human_count, validate_custom_pair
-from specdec.tiny import tiny_tokenizer
+import specdec.models.hub as hub
+from specdec.core.errors import InvalidInputError, ModelLoadError, UnsupportedModelError, VocabularyMismatchError
+from specdec.models.hub import check_model_id, estimate_parameters, human_count, validate_custom_pair
+from specdec.models.tiny import tiny_tokenizer
 
 
 def _qwen_config(vocab_size: int, **overrides):
@@ -227,7 +227,7 @@ def test_human_count(n, text):
 
 def _hub_config_from(folder):
     """check_config stand-in: hub ids resolve to a local folder's config, as if fetched."""
-    from specdec.models import check_config
+    from specdec.models.pair import check_config
 
     return lambda model_id: check_config(folder)
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-import specdec.verify
+import specdec.core.verify
 from components import learn as view
-from specdec import lab
-from specdec.events import Round
-from specdec.examples import example_rounds
-from specdec.kvcache import CachedLM
-from specdec.sampling import SamplingConfig, warp
+from specdec.learn import lab
+from specdec.core.events import Round
+from specdec.learn.examples import example_rounds
+from specdec.core.kvcache import CachedLM
+from specdec.core.sampling import SamplingConfig, warp
 
 CAT = (["cat", "dog", "owl"], [50, 30, 20], [60, 10, 30])
 
@@ -135,13 +135,13 @@ def test_random_six_token_case_passes():
 
 def test_sampler_goes_through_verify_batch(monkeypatch):
     calls = []
-    real = specdec.verify.verify_batch
+    real = specdec.core.verify.verify_batch
 
     def spy(*args, **kwargs):
         calls.append(args[0].shape[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(specdec.verify, "verify_batch", spy)
+    monkeypatch.setattr(specdec.core.verify, "verify_batch", spy)
     lab.sample_first_tokens([0.5, 0.3, 0.2], [0.6, 0.1, 0.3], 100_000, torch.Generator().manual_seed(0))
     assert sum(calls) == 100_000 and 1 <= len(calls) <= 4  # one or a few batched calls, not a Python loop
 
@@ -149,20 +149,20 @@ def test_sampler_goes_through_verify_batch(monkeypatch):
 def test_a_broken_verifier_makes_the_lab_fail(monkeypatch):
     hp = lab.hundred_points(CAT[1], CAT[2], CAT[0])
     assert lab.run_lab(hp, 20_000, seed=4).test.p_value > 1e-3
-    real = specdec.verify.verify_batch
+    real = specdec.core.verify.verify_batch
 
     def always_accepts(draft_tokens, draft_probs, target_probs, generator=None, **kw):
         kw.pop("uniforms", None)
         return real(draft_tokens, draft_probs, target_probs, generator, uniforms=torch.zeros(draft_tokens.shape), **kw)
 
-    monkeypatch.setattr(specdec.verify, "verify_batch", always_accepts)
+    monkeypatch.setattr(specdec.core.verify, "verify_batch", always_accepts)
     assert lab.run_lab(hp, 20_000, seed=4).test.p_value < 1e-3
 
 
 def test_a_broken_residual_makes_the_lab_fail(monkeypatch):
     hp = lab.hundred_points(CAT[1], CAT[2], CAT[0])
     assert lab.run_lab(hp, 20_000, seed=5).test.p_value > 1e-3
-    monkeypatch.setattr(specdec.verify, "residual_distribution", lambda p, q: p)  # "repair" by sampling p afresh
+    monkeypatch.setattr(specdec.core.verify, "residual_distribution", lambda p, q: p)  # "repair" by sampling p afresh
     bad = lab.run_lab(hp, 20_000, seed=5)
     assert bad.test.p_value < 1e-3
     assert bad.empirical[1] < 0.2  # dog, the token only the repair can top up, comes out too rarely
@@ -273,8 +273,9 @@ def test_walkthrough_escapes_token_text():
 
 
 def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
-    from specdec.decoder import DecodeSettings, SpeculativeDecoder
-    from specdec.metrics import StepCosts
+    from specdec.core.settings import DecodeSettings
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.core.metrics import StepCosts
     from ui.learn_tab import c_from_run, render_walkthrough, round_choices
 
     dec = SpeculativeDecoder(tiny_pair, "The cat", DecodeSettings(gamma=3, max_new_tokens=20,
@@ -301,7 +302,7 @@ def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
 
 
 def test_speedup_figure_curves_and_shading():
-    from specdec.metrics import predicted_speedup
+    from specdec.core.metrics import predicted_speedup
 
     from components.charts import speedup_curves_figure
 

@@ -7,15 +7,16 @@ import json
 import pytest
 import torch
 
-import specdec.decoder as decoder_mod
-import specdec.sampling as sampling_mod
-import specdec.verify as verify_mod
+import specdec.loop.decoder as decoder_mod
+import specdec.loop.display as display_mod
+import specdec.core.sampling as sampling_mod
+import specdec.core.verify as verify_mod
 from specdec.cli import main
-from specdec.decoder import SpeculativeDecoder
-from specdec.errors import InvalidInputError
-from specdec.overhead import CATEGORIES, RoundProfiler, measure_overhead, profiled, summarize_rounds
-from specdec.sampling import SamplingConfig
-from specdec.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.errors import InvalidInputError
+from specdec.bench.overhead import CATEGORIES, RoundProfiler, measure_overhead, profiled, summarize_rounds
+from specdec.core.sampling import SamplingConfig
+from specdec.core.settings import DecodeSettings
 
 SETTINGS = DecodeSettings(gamma=4, max_new_tokens=16, sampling=SamplingConfig(temperature=0.8), seed=5)
 
@@ -45,11 +46,11 @@ def test_categories_add_up_to_each_round(tiny_pair):
 
 
 def test_engine_is_unchanged_after_profiling(tiny_pair):
-    originals = (decoder_mod.distribution, decoder_mod.verify, decoder_mod._top, sampling_mod.distribution, sampling_mod.sample,
+    originals = (decoder_mod.distribution, decoder_mod.verify, display_mod.top_candidates, sampling_mod.distribution, sampling_mod.sample,
                  verify_mod.verify)
     linear = torch.nn.functional.linear
     dec, _ = _profile(tiny_pair)
-    assert (decoder_mod.distribution, decoder_mod.verify, decoder_mod._top, sampling_mod.distribution, sampling_mod.sample,
+    assert (decoder_mod.distribution, decoder_mod.verify, display_mod.top_candidates, sampling_mod.distribution, sampling_mod.sample,
             verify_mod.verify) == originals
     for obj in (dec, dec.target, dec.drafter, dec.drafter.lm):
         assert not any(callable(v) for v in vars(obj).values() if hasattr(v, "__wrapped__")), obj

@@ -12,11 +12,12 @@ import weakref
 import pytest
 import torch
 
-from specdec import models
-from specdec.decoder import SpeculativeDecoder, plain_decode
-from specdec.errors import ModelLoadError
-from specdec.models import PairCache, load_pair, pair_lease
-from specdec.settings import DecodeSettings
+from specdec.models import pair as models
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.loop.plain import plain_decode
+from specdec.core.errors import ModelLoadError
+from specdec.models.pair import PairCache, load_pair, pair_lease
+from specdec.core.settings import DecodeSettings
 
 GREEDY = DecodeSettings(gamma=3, max_new_tokens=12)
 

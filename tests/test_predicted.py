@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.decoder import DecodeSettings, SpeculativeDecoder, encode_prompt, plain_decode
+from specdec.core.settings import DecodeSettings, encode_prompt
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.loop.plain import plain_decode
 from specdec.drafters import make_drafter
 from specdec.drafters.predicted import PredictedDrafter, realign, tokenize_prediction
-from specdec.errors import InvalidInputError
-from specdec.sampling import SamplingConfig, dense, warp
-from specdec.trace import dumps_trace, load_trace
+from specdec.core.errors import InvalidInputError
+from specdec.core.sampling import SamplingConfig, dense, warp
+from specdec.io.trace import dumps_trace, load_trace
 from tests.test_drafters import SAMPLED, SmoothedQ, joint_chi_square
 
 POLICIES = ("fixed", "heuristic", "expected")  # confidence is refused: a one-hot q never signals doubt
@@ -101,7 +103,7 @@ def test_proposal_is_one_hot_from_the_target_tokenization(tiny_pair):
 
 @pytest.mark.parametrize("kw,match", [
     ({"drafter": "predicted"}, "needs a prediction"),
-    ({"drafter": "predicted", "prediction": "  \n "}, "needs a prediction"),
+    ({"drafter": "predicted", "prediction": ""}, "needs a prediction"),
     ({"drafter": "predicted", "prediction": "x" * 100_001}, "at most 100000 characters"),
     ({"drafter": "predicted", "prediction": "abc", "gamma_policy": "confidence"}, "predicted drafter with the confidence"),
 ])
@@ -237,7 +239,7 @@ def test_real_pair_greedy_equals_plain_greedy(real_pair_fp32):
 
 
 def test_coverage_counts_output_tokens_shared_in_order_with_the_prediction():
-    from specdec.predicted_bench import coverage
+    from specdec.bench.predicted import coverage
 
     assert coverage([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
     assert coverage([1, 2, 9, 4, 5], [1, 2, 3, 4, 5]) == 0.8  # one token edited
@@ -245,7 +247,7 @@ def test_coverage_counts_output_tokens_shared_in_order_with_the_prediction():
 
 
 def test_bench_task_row_on_the_tiny_pair(tiny_pair):
-    from specdec.predicted_bench import pooled, run_task
+    from specdec.bench.predicted import pooled, run_task
 
     row = run_task(tiny_pair, "def f(x):\n    return x\n", "def f(x):\n    return x\n", 4, 12, 1, 0)
     assert all(row[k]["same_text"] and row[k]["tokens"] == row["tokens"] for k in ("plain", "ngram", "predicted"))
@@ -274,7 +276,7 @@ def test_playground_takes_a_prediction_and_the_token_view_names_its_span(monkeyp
     assert "drew prediction tokens 0–" in first[0].tooltip
     assert any("departs from the prediction" in ch.tooltip for r in session.rounds for ch in round_chips(r)
                if ch.kind == "rej")
-    out = last(guarded(pg.generate)(None, *controls(), "predicted", "fixed", "  "))
+    out = last(guarded(pg.generate)(None, *controls(), "predicted", "fixed", ""))
     assert "sd-status-error" in out[STATUS] and "needs a prediction" in out[STATUS]
     # API callers that send only the first thirteen controls get no prediction (the draft model needs none)
     assert last(guarded(pg.generate)(None, *controls(), "model", "fixed"))[0].decoder.settings.prediction == ""

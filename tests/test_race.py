@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.decoder import DecodeSettings, plain_decode
+from specdec.core.settings import DecodeSettings
+from specdec.loop.plain import plain_decode
 from specdec.prompts import GROUNDED
-from specdec.errors import InvalidInputError
-from specdec.race import LaneSpec, Race, parse_lanes
-from specdec.sampling import SamplingConfig
+from specdec.core.errors import InvalidInputError
+from specdec.loop.race import LaneSpec, Race, parse_lanes
+from specdec.core.sampling import SamplingConfig
 
 ALL = "model:4, ngram:8, early-exit:3, cross:4:expected"
 
@@ -83,7 +84,7 @@ def test_sampled_race_says_why_texts_differ(no_eos):
 
 
 def test_refused_lane_names_the_lane(tiny_pair):
-    with pytest.raises(InvalidInputError, match="lane 'ngram lookup · γ confidence.*confidence"):
+    with pytest.raises(InvalidInputError, match="lane 'n-gram lookup · γ confidence.*confidence"):
         Race(tiny_pair, "abc", DecodeSettings(), parse_lanes("ngram:confidence"))
 
 
@@ -126,7 +127,7 @@ def test_race_rendering_shows_each_drafter(no_eos):
 
 def test_race_rendering_escapes_model_text():
     from components.race import render_race
-    from specdec.race import Lane, RaceView
+    from specdec.loop.race import Lane, RaceView
 
     lane = Lane(0, LaneSpec("plain"), ids=[1, 2], pieces=["<img src=x>", "&"], origins=["target", "target"],
                 cum_ms=[1.0, 2.0], elapsed_ms=2.0, target_passes=2, stop_reason="max_new_tokens")

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from specdec.cli import main as cli_main
-from specdec.decoder import DecodeSettings, SpeculativeDecoder, encode_prompt
-from specdec.sampling import SamplingConfig
+from specdec.core.settings import DecodeSettings, encode_prompt
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.sampling import SamplingConfig
 
 from .test_engine import check_caches_hold_committed
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec import server_metrics as sm
-from specdec.decoder import SpeculativeDecoder
-from specdec.sampling import SamplingConfig
-from specdec.settings import DecodeSettings
+from specdec.io import server_metrics as sm
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.sampling import SamplingConfig
+from specdec.core.settings import DecodeSettings
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "server-metrics.md"
 TYPES = {"int": int, "float": float, "list": list}

@@ -9,13 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.decoder import DecodeSettings, SpeculativeDecoder
-from specdec.errors import TraceError
-from specdec.events import Round
-from specdec.sampling import SamplingConfig
-from specdec.metrics import StepCosts
-from specdec.record import PairInfo, RunRecord
-from specdec.trace import MAX_TRACE_BYTES, SCHEMA, VERSION, dumps_trace, load_trace, load_trace_file, record_to_dict
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.errors import TraceError
+from specdec.core.events import Round
+from specdec.core.sampling import SamplingConfig
+from specdec.core.metrics import StepCosts
+from specdec.core.record import PairInfo, RunRecord
+from specdec.io.trace import MAX_TRACE_BYTES, SCHEMA, VERSION, dumps_trace, load_trace, load_trace_file, record_to_dict
 
 PROMPT = "hello world"
 SETTINGS = DecodeSettings(gamma=4, max_new_tokens=40, sampling=SamplingConfig(0.8, 0, 0.95), seed=3)
@@ -76,7 +77,7 @@ def test_metrics_summarize_the_run(run, trace_dict):
 
 
 def test_non_finite_metric_values_are_written_as_null(run, monkeypatch):
-    from specdec import trace as trace_mod
+    from specdec.io import trace as trace_mod
 
     rec = run.record()
     m = rec.metrics
@@ -151,7 +152,7 @@ def test_optional_metrics_and_newer_round_fields(doc):
         (12, "JSON text or bytes"),
         ('{"version": 1}', "no 'schema' field"),
         ('{"schema": "other.trace", "version": 1}', "not a specdec trace"),
-        ('{"schema": "specdec.trace", "version": 3}', "newer specdec"),
+        ('{"schema": "specdec.trace", "version": 4}', "newer specdec"),
         ('{"schema": "specdec.trace", "version": 0}', "unknown trace version"),
         ('{"schema": "specdec.trace", "version": "1"}', "whole number"),
         ('{"schema": "specdec.trace", "version": true}', "whole number"),
@@ -297,7 +298,7 @@ def _round_cases(doc) -> dict:
         "committed pieces mismatch": (lambda d: d["rounds"][r]["committed_pieces"].append("z"), "committed_pieces"),
         "negative time": (_set(f"rounds.{r}.draft_ms", -1.0), "draft_ms must be a finite number of milliseconds"),
         "totals unknown field": (_set(f"rounds.{r}.totals.speed", 1), "unknown fields"),
-        "totals negative": (_set(f"rounds.{r}.totals.accepted", -2), "totals.accepted must be a whole number"),
+        "totals negative": (_set(f"rounds.{r}.totals.kept", -2), "totals.kept must be a whole number"),
         "stop reason unknown": (_set(f"rounds.{r}.stop_reason", "tired"), "stop_reason must be null"),
         "stop before the end": (_set("rounds.0.stop_reason", "eos"), r"rounds\[0\] stops the run"),
         "index out of order": (_set(f"rounds.{r}.index", r + 5), "rounds must be numbered"),
@@ -454,3 +455,37 @@ def test_a_run_without_candidate_lists_round_trips(tiny_pair):
     list(with_lists)
     assert dec.generated_ids == with_lists.generated_ids  # display work never touches the sampling
     assert load_trace(dumps_trace(dec.record())).rounds == dec.rounds
+
+
+def test_version_2_and_1_traces_still_load(tiny_pair):
+    """Older traces: v2 calls totals.kept "accepted" and has no `asked`; v1 also lacks top_k, note, totals.tested,
+    the drafter settings, label, costs and baseline_ms_per_token."""
+    dec = SpeculativeDecoder(tiny_pair, "hello", DecodeSettings(max_new_tokens=12, sampling=SamplingConfig(1.0), seed=3))
+    list(dec)
+    doc = json.loads(dumps_trace(dec.record()))
+    assert doc["version"] == VERSION == 3 and all("kept" in r["totals"] and "asked" in r for r in doc["rounds"])
+    v2 = json.loads(json.dumps(doc))
+    v2["version"] = 2
+    for r in v2["rounds"]:
+        r.pop("asked")
+        r["totals"]["accepted"] = r["totals"].pop("kept")
+    rec = load_trace(json.dumps(v2))
+    assert [r.totals.kept for r in rec.rounds] == [r.totals.kept for r in dec.rounds]
+    assert rec.gamma_schedule == [r.gamma for r in dec.rounds] and rec.text == dec.text
+    v1 = json.loads(json.dumps(v2))
+    v1["version"] = 1
+    for key in ("label", "costs", "baseline_ms_per_token"):
+        v1.pop(key, None)
+    for key in ("drafter", "ngram_max", "ngram_min", "exit_layer", "prediction"):
+        v1["settings"].pop(key, None)
+    for r in v1["rounds"]:
+        for key in ("top_k", "note"):
+            r.pop(key, None)
+        r["totals"].pop("tested")
+    rec1 = load_trace(json.dumps(v1))
+    assert rec1.generated_ids == dec.generated_ids and rec1.settings.drafter == "model"
+    assert rec1.metrics.accepted == dec.record().metrics.accepted
+    both = json.loads(json.dumps(doc))
+    both["rounds"][0]["totals"]["accepted"] = 1
+    with pytest.raises(TraceError, match="unknown fields: 'accepted'"):
+        load_trace(json.dumps(both))

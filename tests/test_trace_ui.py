@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from specdec.trace import load_trace_file
+from specdec.io.trace import load_trace_file
 from tests.conftest import ARTIFACTS
 from tests.test_browser import ROUNDS, open_app, set_controls, settle, wait_status
 

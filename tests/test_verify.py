@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec.sampling import OneHot, SamplingConfig, dense, sample, warp
-from specdec.verify import residual_distribution, verify, verify_batch
+from specdec.core.sampling import OneHot, SamplingConfig, dense, sample, warp
+from specdec.core.verify import residual_distribution, verify, verify_batch
 
 V = 8
 
@@ -189,7 +189,7 @@ def test_sample_draws_exactly_from_probs():
 
 
 def test_argmax_matches_torch_first_index_on_ties_and_bfloat16():
-    from specdec.sampling import argmax
+    from specdec.core.sampling import argmax
 
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 151936, generator=g)
@@ -215,7 +215,7 @@ def test_sample_of_one_hot_rows_is_their_index_and_keeps_the_random_stream():
 
 
 def test_draw_returns_the_distribution_it_drew_from():
-    from specdec.sampling import draw
+    from specdec.core.sampling import draw
 
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(4, 300, generator=g)
@@ -235,7 +235,7 @@ def test_draw_returns_the_distribution_it_drew_from():
 
 @pytest.mark.parametrize("vocab", [50, 1000, 151936])
 def test_top_rows_gives_torch_topk_values(vocab):
-    from specdec.decoder import top_rows
+    from specdec.loop.display import top_rows
 
     g = torch.Generator().manual_seed(vocab)
     x = torch.softmax(torch.randn(6, vocab, generator=g) * 3, -1)

@@ -1,4 +1,4 @@
-"""specdec.zerogpu.gpu: unchanged without `spaces`, wrapped by spaces.GPU(duration=...) with it."""
+"""ui.zerogpu.gpu: unchanged without `spaces`, wrapped by spaces.GPU(duration=...) with it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from specdec.zerogpu import DEFAULT_DURATION, gpu, zerogpu_active
+from ui.zerogpu import DEFAULT_DURATION, gpu, zerogpu_active
 
 
 def plain(x):

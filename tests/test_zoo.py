@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import specdec.verify
+import specdec.core.verify
 from components import zoo as view
-from specdec import lab, zoo
-from specdec.sampling import SamplingConfig, warp
+from specdec.learn import lab
+from specdec.learn import zoo
+from specdec.core.sampling import SamplingConfig, warp
 
 HP = lab.hundred_points(lab.DEFAULT_P, lab.DEFAULT_Q, lab.DEFAULT_TOKENS)  # cat/dog/owl 50/30/20 vs 60/10/30
 
@@ -126,16 +127,16 @@ def test_impossible_tokens_count_toward_detection():
 
 
 def test_samples_go_through_the_engines_verify_batch(monkeypatch):
-    """The zoo calls specdec.verify.verify_batch (looked up at call time) and the engine's residual for 'correct'."""
+    """The zoo calls specdec.core.verify.verify_batch (looked up at call time) and the engine's residual for 'correct'."""
     broken = lambda p, q: p  # noqa: E731  (a fresh draw from p, as if the engine's residual were wrong)
-    monkeypatch.setattr(specdec.verify, "residual_distribution", broken)
+    monkeypatch.setattr(specdec.core.verify, "residual_distribution", broken)
     res = zoo.run_zoo_lab(HP, "none", 20_000, seed=0)
     assert res.failed  # the control now fails: the lab used the engine's (broken) residual
 
     def boom(*a, **k):
         raise RuntimeError("verify_batch was called")
 
-    monkeypatch.setattr(specdec.verify, "verify_batch", boom)
+    monkeypatch.setattr(specdec.core.verify, "verify_batch", boom)
     with pytest.raises(RuntimeError, match="verify_batch was called"):
         zoo.sample_construction(_construction("none"), 10)
 

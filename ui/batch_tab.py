@@ -1,5 +1,5 @@
 """The Batch tab: latency vs throughput of batched speculative decoding. Layout and handlers only; the loop is in
-specdec/batched.py, the measurement in specdec/batch_bench.py, drawing in components/batch.py.
+specdec/loop/batched.py, the measurement in specdec/bench/batch.py, drawing in components/batch.py.
 
 app.py calls `build_batch_tab(get_pair=...)` inside `with gr.Tab("Batch"):`. `get_pair` returns the loaded
 ModelPair, None while it is still loading, or raises if loading failed. `allow_run=False` (e.g. on ZeroGPU, where a
@@ -16,9 +16,9 @@ from typing import Callable
 import gradio as gr
 
 from components import batch as view
-from specdec.batch_bench import DEFAULT_BATCHES, MODES, format_table, load_result, run_batches
-from specdec.errors import InvalidInputError, SpecDecError
-from specdec.models import pair_lease
+from specdec.bench.batch import DEFAULT_BATCHES, MODES, format_table, load_result, run_batches
+from specdec.core.errors import InvalidInputError, SpecDecError, whole_number
+from specdec.models.pair import pair_lease
 
 INTRO = """
 **Speculative decoding buys latency with compute.** At batch size 1 the target model mostly waits for its weights
@@ -77,15 +77,8 @@ def check_inputs(batches, modes, gamma, max_new) -> tuple[list[int], list[str], 
     ms = [m for m in (modes or []) if m in MODES]
     if not ms:
         raise InvalidInputError("choose greedy, T = 0.7 sampling, or both")
-    g, n = gamma, max_new
-    if isinstance(g, float) and g.is_integer():
-        g = int(g)
-    if isinstance(n, float) and n.is_integer():
-        n = int(n)
-    if not isinstance(g, int) or not 1 <= g <= 8:
-        raise InvalidInputError(f"γ must be a whole number from 1 to 8, got {gamma!r}")
-    if not isinstance(n, int) or not 2 <= n <= 128:
-        raise InvalidInputError(f"new tokens per request must be a whole number from 2 to 128, got {max_new!r}")
+    g = whole_number(gamma, "γ", 1, 8, integral_floats=True)
+    n = whole_number(max_new, "new tokens per request", 2, 128, integral_floats=True)
     return bs, ms, g, n
 
 

@@ -17,23 +17,16 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specdec.drafters import check_combination
-from specdec.errors import InvalidInputError
-from specdec.sampling import SamplingConfig
-from specdec.settings import DRAFTERS, GAMMA_POLICIES, DecodeSettings
+from specdec.core.errors import InvalidInputError
+from specdec.core.sampling import SamplingConfig
+from specdec.core.settings import DRAFTER_LABELS, DRAFTERS, GAMMA_POLICIES, DecodeSettings
 
 from .loader import PairRequest, check_request
 
 # Longest prompt accepted, in characters, checked before tokenizing: the decoder's own limit is 8192 tokens, and a
 # megabyte of text would only be tokenized to be refused. 100k characters is over 10 characters per token.
 MAX_PROMPT_CHARS = 100_000
-# What the drafter and gamma-policy dropdowns show (values are DecodeSettings' names).
-DRAFTER_LABELS = {
-    "model": "draft model",
-    "ngram": "n-gram lookup",
-    "early-exit": "early exit",
-    "cross": "cross-tokenizer",
-    "predicted": "predicted output",
-}
+# What the gamma-policy dropdown shows (values are DecodeSettings' names; drafters: settings.DRAFTER_LABELS).
 DRAFTER_INFO = ("who proposes the guesses; n-gram, cross-tokenizer and predicted-output guesses have a one-hot q; "
                 "predicted output drafts from the text you expect (the box under the prompt)")
 POLICY_LABELS = {

@@ -11,10 +11,11 @@ SPECDEC_DETACHED=1 asks for it (tests use that to run this code without a Space)
 
 from __future__ import annotations
 
-from specdec.zerogpu import gpu  # first: on ZeroGPU `spaces` must be imported before CUDA is touched
+from ui.zerogpu import gpu  # first: on ZeroGPU `spaces` must be imported before CUDA is touched
 
-from specdec.decoder import DecodeSettings, SpeculativeDecoder
-from specdec.models import load_pair
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.models.pair import load_pair
 
 from .loader import measure_costs
 

@@ -1,5 +1,5 @@
 """Learn-tab sections for the bug zoo (in the exactness lab and the real-model check) and the measured break-even
-map: layout and event wiring only. Math in specdec/zoo.py and specdec/breakeven.py, drawing in components/zoo.py
+map: layout and event wiring only. Math in specdec/learn/zoo.py and specdec/learn/breakeven.py, drawing in components/zoo.py
 and components/breakeven.py.
 
 ui/learn_tab.py calls `build_zoo_lab`, `build_zoo_real` and `build_breakeven` inside its sections, passing the
@@ -16,11 +16,14 @@ import gradio as gr
 from components import breakeven as be_view
 from components import zoo as zoo_view
 from components.learn import message_html
-from specdec import breakeven, lab, server_metrics, zoo
-from specdec.errors import SpecDecError
-from specdec.record import RunRecord
-from specdec.sampling import SamplingConfig
-from specdec.zerogpu import gpu
+from specdec.learn import breakeven
+from specdec.learn import lab
+from specdec.io import server_metrics
+from specdec.learn import zoo
+from specdec.core.errors import SpecDecError
+from specdec.core.record import RunRecord
+from specdec.core.sampling import SamplingConfig
+from ui.zerogpu import gpu
 
 from .trace_io import trace_dir
 

@@ -1,5 +1,5 @@
-"""The Learn tab: layout and event wiring only. Math lives in specdec/lab.py, the built-in rounds in
-specdec/examples.py, drawing in components/learn.py and components/charts.py.
+"""The Learn tab: layout and event wiring only. Math lives in specdec/learn/lab.py, the built-in rounds in
+specdec/learn/examples.py, drawing in components/learn.py and components/charts.py.
 
 app.py calls `build_learn_tab(recorded, get_pair=...)` inside `with gr.Tab("Learn"):`. `recorded` is the
 playground's gr.State: a list of RunRecords, the run on screen first (empty before any run); `get_pair` returns
@@ -19,13 +19,13 @@ import gradio as gr
 from components import learn as view
 from components.charts import speedup_curves_figure
 from components.labels import round_label
-from specdec import lab
-from specdec.errors import SpecDecError
-from specdec.events import Round
-from specdec.examples import example_rounds
-from specdec.record import RunRecord
-from specdec.sampling import SamplingConfig
-from specdec.zerogpu import gpu
+from specdec.learn import lab
+from specdec.core.errors import SpecDecError
+from specdec.core.events import Round
+from specdec.learn.examples import example_rounds
+from specdec.core.record import RunRecord
+from specdec.core.sampling import SamplingConfig
+from ui.zerogpu import gpu
 
 from .controls import Number, Slider
 from .learn_extras import build_breakeven, build_zoo_lab, build_zoo_real, zoo_css
@@ -212,7 +212,7 @@ _PAIR_SOURCES: dict[int, Callable] = globals().get("_PAIR_SOURCES", {})  # kept 
 
 @gpu(duration=120)
 def run_real_gpu(source: int, prefix, temperature, top_k, top_p, gamma, n, k, seed):
-    """run_real on the app's pair, as the one GPU call of the real-model check (see specdec.zerogpu)."""
+    """run_real on the app's pair, as the one GPU call of the real-model check (see ui.zerogpu)."""
     yield from run_real(_PAIR_SOURCES[source], prefix, temperature, top_k, top_p, gamma, n, k, seed)
 
 
@@ -241,7 +241,7 @@ def update_speedup(c, records):
 def c_from_run(c, records):
     """The run's cost ratio: c_plain (the pair's plain step costs, timed at load) for a run drafted by the draft
     model, else c_loop (what the loop paid, from the rounds' own timings: the only c of the n-gram, early-exit and
-    cross drafters); both are defined in specdec/metrics.py."""
+    cross drafters); both are defined in specdec/core/metrics.py."""
     for p in lab.run_points(records or []):
         best = p.c_plain if p.c_plain is not None and p.drafter == "model" else p.c_loop
         if best is not None:

@@ -8,7 +8,7 @@ Loaded pairs are shared: `load_pair` memoizes one ModelPair per (ids, dtype, dev
 holds that object by reference, using the models read-only (inference mode; KV caches live in the decoder).
 
 Custom ids (the Models accordion) are checked before anything is downloaded: their spelling at once
-(`check_request`, raising InvalidInputError), then in the load thread `specdec.hub.validate_custom_pair`
+(`check_request`, raising InvalidInputError), then in the load thread `specdec.models.hub.validate_custom_pair`
 (config, size cap, shared vocabulary) before `load_pair` fetches any weights.
 """
 
@@ -21,14 +21,14 @@ import traceback
 import weakref
 from dataclasses import dataclass, field
 
-from specdec.decoder import measure_step_costs
-from specdec.errors import InvalidInputError, SpecDecError
-from specdec.hub import DEFAULT_MAX_PARAMS, check_model_id, check_size, inspect_model, validate_custom_pair
-from specdec.metrics import StepCosts
-from specdec import models
-from specdec.models import PAIRS, ModelPair, load_pair, pair_ids
+from specdec.loop.plain import measure_step_costs
+from specdec.core.errors import InvalidInputError, SpecDecError
+from specdec.models.hub import DEFAULT_MAX_PARAMS, check_model_id, check_size, inspect_model, validate_custom_pair
+from specdec.core.metrics import StepCosts
+from specdec.models import pair as models
+from specdec.models.pair import PAIRS, ModelPair, load_pair, pair_ids
 
-BUILTIN_PREFIXES = ("embedded:", "tiny:")  # preset ids that are not hub ids or folders (see specdec.models.PAIRS)
+BUILTIN_PREFIXES = ("embedded:", "tiny:")  # preset ids that are not hub ids or folders (see specdec.models.pair.PAIRS)
 
 
 @dataclass(frozen=True)

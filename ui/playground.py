@@ -21,11 +21,12 @@ from components import empty_figure, pq_figure, render_model_status, render_phas
 from components import render_status, speedup_figure
 from components.labels import (default_selection, describe_replay, describe_round, finished_message,
                                position_choices, progress_message, prompt_text, round_choices, stopped_message)
-from specdec.decoder import SpeculativeDecoder, encode_prompt
-from specdec.decoder import resolve_draft_vocab
-from specdec.errors import ModelLoadError, SpecDecError, TraceError
-from specdec.record import PairInfo, RunRecord
-from specdec.trace import dumps_trace, load_trace_file
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.settings import encode_prompt
+from specdec.drafters.head import resolve_draft_vocab
+from specdec.core.errors import ModelLoadError, SpecDecError, TraceError
+from specdec.core.record import PairInfo, RunRecord
+from specdec.io.trace import dumps_trace, load_trace_file
 
 from . import gpu_run
 from .controls import Controls

@@ -1,4 +1,4 @@
-"""The Race tab: layout, wiring and its handler. The engine is specdec/race.py, the drawing components/race.py.
+"""The Race tab: layout, wiring and its handler. The engine is specdec/loop/race.py, the drawing components/race.py.
 
 app.py calls `build_race_tab(get_pair=...)` inside `with gr.Tab("Race")`; `get_pair` returns the loaded ModelPair,
 None while it is still loading, or raises if loading failed. The Run race button is also the API endpoint /race:
@@ -17,11 +17,11 @@ from typing import Callable
 import gradio as gr
 
 from components.race import race_figure, render_race
-from specdec.decoder import DecodeSettings
+from specdec.core.settings import DecodeSettings
 from specdec.prompts import GROUNDED
-from specdec.errors import InvalidInputError, SpecDecError
-from specdec.race import Race, parse_lanes
-from specdec.sampling import SamplingConfig
+from specdec.core.errors import InvalidInputError, SpecDecError, whole_number
+from specdec.loop.race import Race, parse_lanes
+from specdec.core.sampling import SamplingConfig
 
 DEFAULT_LANES = "model:4, ngram:32"
 LANE_PRESETS = {
@@ -41,11 +41,7 @@ LOAD_TIMEOUT_S = 600.0
 
 
 def _whole(value, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidInputError(f"{name} must be a whole number from {lo} to {hi}, got {value!r}")
-    return value
+    return whole_number(value, name, lo, hi, integral_floats=True)
 
 
 def race_settings(chat, max_new_tokens, temperature, seed) -> DecodeSettings:

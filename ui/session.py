@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from components import render_round
-from specdec.decoder import SpeculativeDecoder
-from specdec.errors import SpecDecError
-from specdec.events import Round
-from specdec.models import pair_lease
-from specdec.record import RunRecord
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.core.errors import SpecDecError
+from specdec.core.events import Round
+from specdec.models.pair import pair_lease
+from specdec.core.record import RunRecord
 
 from .loader import LoadJob
 

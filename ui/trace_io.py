@@ -1,7 +1,7 @@
-"""Trace files on disk for the playground's download button (format: docs/trace-schema.md, code: specdec/trace.py).
+"""Trace files on disk for the playground's download button (format: docs/trace-schema.md, code: specdec/io/trace.py).
 
-Export is `specdec.trace.dumps_trace(session.current())`; this module only gives the text a file that a
-gr.DownloadButton can serve, and clears out old ones. Import is `specdec.trace.load_trace_file`, which returns the
+Export is `specdec.io.trace.dumps_trace(session.current())`; this module only gives the text a file that a
+gr.DownloadButton can serve, and clears out old ones. Import is `specdec.io.trace.load_trace_file`, which returns the
 RunRecord a replay renders directly.
 """
 

@@ -13,52 +13,17 @@ confidence).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..events import DraftNote
-from ..sampling import OneHot, Probs, SamplingConfig
+from specdec.core.errors import InvalidInputError
+from specdec.drafters.base import Draft, Drafter, no_draft, one_hot_draft
+from specdec.drafters.head import resolve_draft_vocab
+from specdec.drafters.model import DraftModelDrafter
 
 if TYPE_CHECKING:
-    from ..models import ModelPair
-    from .cross import CrossDraft
-    from ..settings import DecodeSettings
-
-
-@dataclass
-class Draft:
-    tokens: torch.Tensor  # LongTensor [g], g may be 0
-    probs: Probs  # [g, V] the warped q each token was sampled from (OneHot for greedy or a deterministic proposal)
-    note: DraftNote | None = None  # where the guesses came from, for display
-
-
-def no_draft(vocab_size: int, device, note: DraftNote | None = None) -> Draft:
-    """An empty proposal: the round becomes one plain target step."""
-    empty = torch.zeros(0, dtype=torch.long, device=device)
-    return Draft(empty, OneHot(empty, vocab_size), note)
-
-
-def one_hot_draft(tokens: list[int], vocab_size: int, device, note: DraftNote, stop_ids=()) -> Draft:
-    """A deterministic proposal: q is 1 on each proposed token and 0 elsewhere, exactly what it was "drawn" from.
-
-    The proposal ends after the first of `stop_ids` (EOS) in it: nothing after an end of text could be committed.
-    """
-    for i, t in enumerate(tokens):
-        if t in stop_ids:
-            tokens = tokens[: i + 1]
-            break
-    t = torch.tensor(tokens, dtype=torch.long, device=device)
-    return Draft(t, OneHot(t, vocab_size), note)
-
-
-class Drafter(Protocol):
-    def propose(self, committed: list[int], gamma: int, cfg: SamplingConfig, gen: torch.Generator | None) -> Draft:
-        """Propose up to gamma tokens that would follow `committed` (prompt + text so far)."""
-
-    def feedback(self, committed: list[int], n_accepted: int, n_drafted: int) -> None:
-        """Told after verification how many of the proposed tokens were kept; `committed` is the new text."""
+    from specdec.core.settings import DecodeSettings
+    from specdec.models.cross import CrossDraft
+    from specdec.models.pair import ModelPair
 
 
 # Why a combination is refused, by (drafter, gamma policy).
@@ -76,8 +41,6 @@ REFUSED = {
 
 def check_combination(settings: "DecodeSettings") -> None:
     """Raise InvalidInputError for a drafter / gamma policy pair that cannot work as asked (see REFUSED)."""
-    from ..errors import InvalidInputError
-
     why = REFUSED.get((settings.drafter, settings.gamma_policy))
     if why:
         raise InvalidInputError(f"{settings.drafter} drafter with the {settings.gamma_policy} gamma policy: {why}")
@@ -90,36 +53,33 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
     `cross_draft` (a model + tokenizer of another vocabulary) replaces the default cross draft (SmolLM2-135M, or a
     tiny one for the tiny pair), e.g. in tests.
     """
-    from ..decoder import resolve_draft_vocab  # the decoder imports this package: resolve at call time
-
     check_combination(settings)
     threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
     if settings.drafter == "model":
         return DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
                                  resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
     if settings.drafter == "ngram":
-        from .ngram import NgramDrafter
+        from specdec.drafters.ngram import NgramDrafter
 
         return NgramDrafter(pair.vocab_size, pair.device, settings.ngram_max, settings.ngram_min, pair.eos_token_ids)
     if settings.drafter == "early-exit":
-        from .early_exit import EarlyExitDrafter
+        from specdec.drafters.early_exit import EarlyExitDrafter
 
         return EarlyExitDrafter(pair.target, pair.vocab_size, settings.exit_layer, threshold,
                                 resolve_draft_vocab(pair, settings.draft_vocab, pair.target), pair.eos_token_ids)
     if settings.drafter == "cross":
-        from .cross import CrossTokenizerDrafter, load_cross_draft
+        from specdec.drafters.cross import CrossTokenizerDrafter
+        from specdec.models.cross import load_cross_draft
 
         return CrossTokenizerDrafter(pair.tokenizer, cross_draft or load_cross_draft(pair), pair.vocab_size,
-                                     prompt_ids, threshold)
+                                     prompt_ids, threshold, pair.eos_token_ids)
     if settings.drafter == "predicted":
-        from .predicted import PredictedDrafter, tokenize_prediction
+        from specdec.drafters.predicted import PredictedDrafter, tokenize_prediction
 
         return PredictedDrafter(tokenize_prediction(pair.tokenizer, settings.prediction), pair.vocab_size,
                                 pair.device, settings.ngram_max, settings.ngram_min, pair.eos_token_ids)
-    from ..errors import InvalidInputError
-
     raise InvalidInputError(f"unknown drafter {settings.drafter!r}")
 
 
-__all__ = ["Draft", "DraftModelDrafter", "Drafter", "check_combination", "make_drafter", "no_draft", "one_hot_draft"]
-from .model import DraftModelDrafter  # noqa: E402  (after Draft: model.py imports it from here)
+__all__ = ["Draft", "DraftModelDrafter", "Drafter", "check_combination", "make_drafter", "no_draft", "one_hot_draft",
+           "resolve_draft_vocab"]

@@ -25,9 +25,9 @@ import copy
 
 import torch
 
-from ..errors import InvalidInputError
-from ..events import DraftNote
-from .model import DraftModelDrafter
+from specdec.core.errors import InvalidInputError
+from specdec.core.events import DraftNote
+from specdec.drafters.model import DraftModelDrafter
 
 
 def total_layers(model: torch.nn.Module) -> int:

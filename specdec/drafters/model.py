@@ -4,10 +4,28 @@ from __future__ import annotations
 
 import torch
 
-from ..events import DraftNote
-from ..kvcache import CachedLM
-from ..sampling import draw, stack_rows
-from . import Draft
+from specdec.core.events import DraftNote
+from specdec.core.kvcache import CachedLM
+from specdec.core.sampling import draw, stack_rows
+from specdec.drafters.base import Draft
+
+
+def draft_chain(logits: torch.Tensor, feed, gamma: int, cfg, gen, columns=None, vocab_size=None,
+                confidence_threshold: float = 0.0) -> tuple[list[torch.Tensor], list]:
+    """Sample up to gamma guesses, one draft forward pass each (the batched loop's rows too): `logits` [..., V']
+    after the committed text, `feed(guess)` feeds the previous guess [...] and returns the next logits. Each q is
+    exactly the warped distribution its guess was drawn from. With a confidence threshold the chain ends after a
+    guess whose unwarped top probability is below it. Returns the guesses and their q rows, one entry per guess."""
+    tokens, rows = [], []
+    for i in range(gamma):
+        if i > 0:  # feed the previous guess only when another one is wanted: the last guess is never fed
+            logits = feed(tokens[-1])
+        token, q = draw(logits, cfg, gen, columns, vocab_size or 0)
+        tokens.append(token)
+        rows.append(q)
+        if confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < confidence_threshold:
+            break
+    return tokens, rows
 
 
 class DraftModelDrafter:
@@ -32,17 +50,9 @@ class DraftModelDrafter:
         # The first step feeds every committed token the cache lacks (the whole prompt in round one, two tokens
         # after a bonus), so the draft catches up without an extra forward pass.
         lm = self.lm
-        logits = lm.logits_after(committed, all_columns=False)[-1]
-        tokens, rows = [], []
-        for i in range(gamma):
-            if i > 0:
-                # Feed the previous guess only when another one is wanted: the last draft token is never fed.
-                logits = lm.feed([int(tokens[-1])], all_columns=False)[-1]
-            token, q = draw(logits, cfg, gen, lm.columns, lm.vocab_size)
-            tokens.append(token)
-            rows.append(q)
-            if self.confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < self.confidence_threshold:
-                break
+        tokens, rows = draft_chain(lm.logits_after(committed, all_columns=False)[-1],
+                                   lambda prev: lm.feed([int(prev)], all_columns=False)[-1],
+                                   gamma, cfg, gen, lm.columns, lm.vocab_size, self.confidence_threshold)
         return Draft(torch.stack(tokens), stack_rows(rows), DraftNote("model"))
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..events import DraftNote
-from . import Draft, no_draft, one_hot_draft
+from specdec.core.events import DraftNote
+from specdec.drafters.base import Draft, no_draft, one_hot_draft
 
 
 def find_continuation(seq: np.ndarray, n_max: int, n_min: int, gamma: int) -> tuple[int, int, list[int]] | None:

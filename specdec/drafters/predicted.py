@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidInputError
-from ..events import DraftNote
-from . import Draft, no_draft, one_hot_draft
+from specdec.core.errors import InvalidInputError
+from specdec.core.events import DraftNote
+from specdec.drafters.base import Draft, no_draft, one_hot_draft
 
 
 def tokenize_prediction(tokenizer, text: str) -> list[int]:
-    """The prediction as the target tokenizes plain text (no BOS/EOS added: it is the middle of a sequence)."""
-    if not isinstance(text, str) or not text.strip():
+    """The prediction as the target tokenizes plain text (no BOS/EOS added: it is the middle of a sequence).
+
+    Any non-empty text is a prediction, whitespace alone included (an indentation-only edit)."""
+    if not isinstance(text, str) or not text:
         raise InvalidInputError("the 'predicted' drafter needs a prediction: the text you expect the output to be")
     ids = [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
     if not ids:

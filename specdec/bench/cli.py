@@ -1,0 +1,50 @@
+"""The `bench` command's flags and which mode runs: the only module of specdec.bench that knows every mode."""
+
+from __future__ import annotations
+
+import argparse
+
+from specdec.bench.harness import BENCH_KINDS, BENCH_MODES, BENCH_OUT
+
+
+def add_bench_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--quick", action="store_true", help="one prompt per kind, 20 tokens, 1 repeat (< 3 min on 2 cores)")
+    ap.add_argument("--gamma", default="4", help="draft length, or 'auto' to compare adaptive policies")
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--modes", default=BENCH_MODES, help="comma list of greedy,sampled (temperature 0.7)")
+    ap.add_argument("--kinds", default=BENCH_KINDS)
+    ap.add_argument("--sweep-gamma", default=None, help="e.g. 1..12: measured vs predicted speedup per gamma")
+    ap.add_argument("--policy", default="fixed", choices=["fixed", "expected", "heuristic", "confidence"],
+                    help="gamma policy of our loop (d) in the side-by-side table; (b) always uses a constant gamma")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="our loop's draft head: ids below N plus EOS and the text's own tokens; 0 = full "
+                         "vocabulary; default: 65536 for large vocabularies")
+    ap.add_argument("--out", default=BENCH_OUT)
+    ap.add_argument("--drafter", choices=["model", "ngram", "early-exit", "cross"], default=None,
+                    help="one drafter against transformers' own equivalent, plain generate() and our plain decoding, "
+                         "on the input-grounded prompts (specdec/bench/drafters.py)")
+    ap.add_argument("--equiv-gamma", type=int, default=None,
+                    help="with --drafter: run transformers' equivalent at this gamma instead of --gamma (e.g. its own "
+                         "best setting, to compare best against best in one run)")
+    ap.add_argument("--overhead", action="store_true", help="per-round time outside the model forward passes, "
+                    "by category (JSON to bench-results/overhead.json unless --out)")
+    ap.add_argument("--predicted", action="store_true", help="light edits, the original text as the prediction: "
+                    "predicted drafter vs plain and ngram (JSON to bench-results/predicted.json unless --out)")
+    ap.add_argument("--batch", default=None, help="e.g. 1,2,4,8,16: batched speculative vs plain batched decoding "
+                    "per batch size (latency vs throughput; JSON to bench-results/batch.json unless --out)")
+
+
+def cmd_bench(args, load) -> int:
+    """Run the mode the flags ask for; `load()` returns the pair the command line asked for."""
+    if args.drafter:  # one drafter against its transformers equivalent
+        from specdec.bench.drafters import cmd_drafter_bench as cmd
+    elif args.batch:  # batched decoding
+        from specdec.bench.batch import cmd_batch_bench as cmd
+    elif args.predicted:  # predicted output on its own edit tasks
+        from specdec.bench.predicted import cmd_predicted_bench as cmd
+    elif args.overhead:  # per-round time outside the forward passes
+        from specdec.bench.overhead import cmd_overhead as cmd
+    else:  # side by side with transformers (or --sweep-gamma, --gamma auto)
+        from specdec.bench.speed import cmd_speed as cmd
+    return cmd(args, load)

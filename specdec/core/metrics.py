@@ -1,0 +1,160 @@
+"""Metrics over a run's rounds, and the Leviathan et al. speedup model they are compared with.
+
+Conventions (stated because projects differ), every one computed here and nowhere else:
+- statistics count what was tested and committed: a guess kept past a committed EOS (or the token budget) is not
+  "accepted" (see `Round.fates`).
+- acceptance rate = accepted draft tokens / drafted tokens (llama.cpp "accept %", vLLM "draft acceptance rate").
+- tokens per round = committed tokens / rounds; it COUNTS the repaired or bonus token, so it lies in [1, gamma+1]
+  (vLLM "mean acceptance length").
+- per-position acceptance[i] = P(draft token i was kept) over rounds whose position i was tested or discarded.
+- alpha = per-token acceptance probability, estimated as accepted / tested guesses, where a round tests its kept
+  prefix plus the first rejected guess (guesses after a rejection are never tested). This, not accepted / drafted,
+  is the alpha in the Leviathan formula: with gamma = 4 and alpha = 0.63, accepted / drafted is only 0.36.
+- two cost ratios, two names:
+  * c_plain = draft ms per token / target ms per token in plain decoding, measured once when the pair loads
+    (`StepCosts`): a property of the pair on this machine.
+  * c_loop = draft ms per drafted guess / verify ms per round, from the rounds' own timings: the ratio the loop
+    actually paid (verification of gamma+1 tokens can cost more than one plain step, e.g. in fp32 on a CPU).
+- measured speedup = speculative tok/s / plain target tok/s (plain cost from `StepCosts`, or a plain lane run
+  side by side in a race).
+- predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)) (Leviathan et al. 2022, i.i.d. acceptances, a verify pass
+  costing one target step) with a = alpha above, g = the mean draft length of the run (gamma varies under the
+  adaptive policies), c = c_loop when the rounds carry timings, else c_plain. App, CLI and bench all call
+  `predict_speedup` for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from specdec.core.events import ACCEPTED, CUT, Round
+
+
+def expected_tokens_per_round(alpha: float, gamma: float) -> float:
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: float, c: float) -> float:
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1)
+
+
+def alpha_estimate(accepted: int, tested: int) -> float:
+    """Per-token acceptance probability from counts: kept guesses / guesses actually tested."""
+    return accepted / tested if tested else 0.0
+
+
+def loop_cost_ratio(draft_ms: float, drafted: int, verify_ms: float, rounds: int) -> float | None:
+    """c_loop: draft ms per drafted guess over verify ms per round (None when there is nothing to divide)."""
+    if drafted <= 0 or rounds <= 0 or verify_ms <= 0:
+        return None
+    return (draft_ms / drafted) / (verify_ms / rounds)
+
+
+def rounds_cost_ratio(rounds: list[Round]) -> float | None:
+    """c_loop over a run's rounds."""
+    return loop_cost_ratio(sum(r.draft_ms for r in rounds), sum(r.gamma for r in rounds),
+                           sum(r.verify_ms for r in rounds), len(rounds))
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Median per-token cost of plain decoding with each model on this machine, measured when the pair loads."""
+
+    target_ms: float
+    draft_ms: float
+
+    @property
+    def c_plain(self) -> float:
+        return self.draft_ms / self.target_ms if self.target_ms else 0.0
+
+
+@dataclass
+class RunMetrics:
+    rounds: int
+    generated: int
+    drafted: int
+    accepted: int
+    tested: int
+    acceptance_rate: float  # accepted / drafted
+    alpha: float  # per-token acceptance probability (see module docstring)
+    tokens_per_round: float  # counts the repaired/bonus token
+    per_position_acceptance: list[float]
+    accepted_histogram: list[int]  # rounds that kept exactly k draft tokens, k = 0..max gamma
+    tok_s: float
+    mean_gamma: float
+    c_loop: float | None = None
+    c_plain: float | None = None
+    baseline_tok_s: float | None = None
+    speedup: float | None = None
+    predicted_speedup: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict_speedup(alpha: float, mean_gamma: float, c_loop: float | None, c_plain: float | None) -> float | None:
+    """The one convention for a run's predicted speedup (module docstring); None without any cost ratio."""
+    c = c_loop if c_loop is not None else c_plain
+    if c is None or mean_gamma <= 0:
+        return None
+    return predicted_speedup(alpha, mean_gamma, c)
+
+
+def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_per_token: float | None = None) -> RunMetrics:
+    """Aggregate rounds. The plain target cost for the measured speedup comes from `baseline_ms_per_token` (e.g. a
+    plain lane run side by side) or else from `costs` (measured at load)."""
+    if not rounds:
+        return RunMetrics(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, [], [], 0.0, 0.0)
+    fates = [r.fates for r in rounds]
+    g_max = max(r.gamma for r in rounds)
+    drafted = sum(r.gamma for r in rounds)
+    accepted = sum(r.kept for r in rounds)
+    tested = sum(r.tested for r in rounds)
+    generated = sum(len(r.committed_ids) for r in rounds)
+    hist = [0] * (g_max + 1)
+    for r in rounds:
+        hist[r.kept] += 1
+    per_pos = []
+    for i in range(g_max):
+        seen = [f[i] for f in fates if len(f) > i and f[i] != CUT]
+        per_pos.append(sum(x == ACCEPTED for x in seen) / len(seen) if seen else 0.0)
+    elapsed_ms = sum(r.round_ms or (r.draft_ms + r.verify_ms) for r in rounds)
+    tok_s = 1e3 * generated / elapsed_ms if elapsed_ms else 0.0
+    alpha = alpha_estimate(accepted, tested)
+    mean_gamma = drafted / len(rounds)
+    c_loop = rounds_cost_ratio(rounds)
+    c_plain = costs.c_plain if costs and costs.target_ms and costs.draft_ms else None
+    base_ms = baseline_ms_per_token or (costs.target_ms if costs else None)
+    baseline_tok_s = 1e3 / base_ms if base_ms else None
+    return RunMetrics(
+        rounds=len(rounds),
+        generated=generated,
+        drafted=drafted,
+        accepted=accepted,
+        tested=tested,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        alpha=alpha,
+        tokens_per_round=generated / len(rounds),
+        per_position_acceptance=per_pos,
+        accepted_histogram=hist,
+        tok_s=tok_s,
+        mean_gamma=mean_gamma,
+        c_loop=c_loop,
+        c_plain=c_plain,
+        baseline_tok_s=baseline_tok_s,
+        speedup=tok_s / baseline_tok_s if baseline_tok_s else None,
+        predicted_speedup=predict_speedup(alpha, mean_gamma, c_loop, c_plain),
+    )
+
+
+def running_speedup(rounds: list[Round], baseline_ms_per_token: float) -> list[float]:
+    """Cumulative measured speedup after each round: plain time for the same tokens / speculative time so far."""
+    out, toks, ms = [], 0, 0.0
+    for r in rounds:
+        toks += len(r.committed_ids)
+        ms += r.round_ms or (r.draft_ms + r.verify_ms)
+        out.append(toks * baseline_ms_per_token / ms if ms else 0.0)
+    return out

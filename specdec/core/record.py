@@ -1,0 +1,84 @@
+"""RunRecord: everything one run produced, typed -- the one thing the playground, trace files, replay, the Learn
+tab, the CLI and the bench pass around.
+
+A decoder makes one (`SpeculativeDecoder.record()`), `specdec.io.trace` writes it as JSON and reads it back (dicts
+exist only at that boundary), and every consumer reads rounds, settings and metrics from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from specdec.core.events import Round
+from specdec.core.metrics import RunMetrics, StepCosts, summarize
+from specdec.core.settings import DecodeSettings
+
+if TYPE_CHECKING:
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.models.pair import ModelPair
+
+
+@dataclass(frozen=True)
+class PairInfo:
+    """What a record says about the models that produced it (no weights: a replay needs none)."""
+
+    name: str = ""
+    target: str = ""
+    draft: str = ""
+    device: str = "cpu"
+    dtype: str = "float32"
+    vocab_size: int = 0
+
+    @classmethod
+    def of(cls, pair: "ModelPair") -> "PairInfo":
+        return cls(pair.name, pair.target_id, pair.draft_id, str(pair.device),
+                   str(pair.dtype).replace("torch.", ""), pair.vocab_size)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name and self.name != "custom" else f"{self.target} + {self.draft}"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class RunRecord:
+    prompt: str | list  # what the person typed, or chat messages [{role, content}, ...]
+    prompt_ids: list[int]
+    settings: DecodeSettings
+    pair: PairInfo
+    rounds: list[Round] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str | None = None
+    costs: StepCosts | None = None  # plain per-token costs of both models measured on this machine at load
+    baseline_ms_per_token: float | None = None  # a plain lane timed side by side (a race), when there was one
+    label: str = ""
+    created: str = field(default_factory=now_iso)
+
+    @classmethod
+    def from_decoder(cls, dec: "SpeculativeDecoder", costs: StepCosts | None = None, label: str = "") -> "RunRecord":
+        return cls(dec.prompt, list(dec.prompt_ids), dec.settings, PairInfo.of(dec.pair), list(dec.rounds), dec.text,
+                   dec.stop_reason, costs, label=label)
+
+    @property
+    def metrics(self) -> RunMetrics:
+        return summarize(self.rounds, self.costs, self.baseline_ms_per_token)
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return [t for r in self.rounds for t in r.committed_ids]
+
+    @property
+    def gamma_schedule(self) -> list[int]:
+        """The gamma each round asked the drafter for: enough to reproduce the run on the same pair, seed and
+        settings. (Not the guesses drafted: a drafter may propose fewer -- a confidence stop, a re-tokenization that
+        merges -- and asking for fewer draws fewer random numbers. Older traces lack `asked`: their gamma stands in.)"""
+        return [r.gamma if r.asked is None else r.asked for r in self.rounds]
+
+    @property
+    def display_label(self) -> str:
+        return self.label or f"{self.settings.drafter} γ={self.settings.gamma} ({self.pair.label})"

@@ -1,0 +1,534 @@
+"""The bug zoo: faithful reproductions of exactness bugs that real speculative-decoding code shipped, run as lab
+variants of the rule.
+
+Every entry builds, at one position, the four rows a (possibly wrong) implementation works with:
+
+- `drawn`: the distribution the draft's guess is actually sampled from,
+- `q`: what is handed to the rule as the draft's distribution,
+- `p`: what is handed to the rule as the target's distribution,
+- `promised`: warp(target logits) with the user's sampling settings -- what the output must follow,
+
+plus the repair the rule uses after a rejection. The engine is never touched: the guess is drawn here, and the
+rows and the repair go into `specdec.core.verify.verify_batch` through its arguments (`repair=` is the seam the lab
+already uses for wrong repairs). The correct construction is drawn = q = warp(draft logits), p = promised, repair =
+the residual; each bug changes exactly one of those.
+
+Because the first emitted token depends only on those rows, its distribution has a closed form:
+out(y) = drawn(y) a(y) + (1 - sum_x drawn(x) a(x)) r(y), with a = min(1, p/q) and r = repair(p, q) normalized. The
+zoo reports that exact distribution, its total-variation distance to `promised`, a chi-square test of N sampled
+rounds, and the N at which the chi-square test would catch the bug with a given probability (its power, from the
+noncentral chi-square distribution).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+import torch
+from scipy import optimize, stats
+
+from specdec.core.settings import encode_prompt
+from specdec.drafters.head import resolve_draft_vocab
+from specdec.drafters import DraftModelDrafter
+from specdec.core.errors import InvalidInputError
+from specdec.core.kvcache import CachedLM
+from specdec.learn.lab import LEVEL, ChiSquare, HundredPoints, LabInputError, chi_square, resolve_repair, sample_rounds, total_variation
+from specdec.core.sampling import SamplingConfig, warp
+from specdec.core.verify import accept_ratio
+
+EXACT_TV = 1e-6  # below this TV the construction is exact up to float32 rounding of the warps
+OTHER = -1  # id of the pooled "all other tokens" cell in a reduced real-model row
+
+
+@dataclass(frozen=True)
+class Construction:
+    """The rows one implementation builds at one position (1-D float64 tensors over the same tokens)."""
+
+    drawn: torch.Tensor
+    q: torch.Tensor
+    p: torch.Tensor
+    promised: torch.Tensor
+    repair: str = "correct"  # a key of specdec.learn.lab.REPAIRS
+
+
+Builder = Callable[[torch.Tensor, torch.Tensor, SamplingConfig], Construction]
+
+
+def _f64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64)
+
+
+def _raw(logits: torch.Tensor) -> torch.Tensor:
+    """softmax of the logits with no temperature, top-k or top-p: the model's own distribution."""
+    return _f64(warp(logits, SamplingConfig(1.0, 0, 1.0)))
+
+
+def _normalize(x: torch.Tensor) -> torch.Tensor:
+    return x / x.sum()
+
+
+def build_correct(lp, lq, cfg) -> Construction:
+    """What the engine does: the draft samples from warp(q) and the rule reads that very row; p uses the same warp."""
+    qw = _f64(warp(lq, cfg))
+    pw = _f64(warp(lp, cfg))
+    return Construction(qw, qw, pw, pw)
+
+
+def build_greedy_draft(lp, lq, cfg) -> Construction:
+    """The draft takes its argmax, but the rule is told the guess came from the draft's softmax."""
+    q_soft = _raw(lq)
+    drawn = torch.zeros_like(q_soft)
+    drawn[int(torch.argmax(lq))] = 1.0
+    pw = _f64(warp(lp, cfg))
+    return Construction(drawn, q_soft, pw, pw)
+
+
+def build_q_before_warp(lp, lq, cfg) -> Construction:
+    """The draft samples after the warp (and p is warped), but q is read from the draft's raw logits."""
+    pw = _f64(warp(lp, cfg))
+    return Construction(_f64(warp(lq, cfg)), _raw(lq), pw, pw)
+
+
+def build_target_not_warped(lp, lq, cfg) -> Construction:
+    """The draft samples from its warped q (and the rule reads it), but p is the target's raw softmax."""
+    qw = _f64(warp(lq, cfg))
+    return Construction(qw, qw, _raw(lp), _f64(warp(lp, cfg)))
+
+
+def build_fresh_p(lp, lq, cfg) -> Construction:
+    """Everything right except the repair: a fresh draw from p instead of normalize(max(0, p - q))."""
+    return replace(build_correct(lp, lq, cfg), repair="fresh-p")
+
+
+def build_bf16_draw(lp, lq, cfg) -> Construction:
+    """The draft samples from probabilities computed in bfloat16; the rule reads the float32 q of the same logits."""
+    q32 = _f64(warp(lq, cfg))
+    q16 = warp(lq.to(torch.bfloat16).float(), cfg).to(torch.bfloat16)  # logits and probabilities in bf16
+    pw = _f64(warp(lp, cfg))
+    return Construction(_normalize(_f64(q16)), q32, pw, pw)
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    key: str
+    title: str
+    explanation: str
+    reference: str  # URL
+    reference_title: str  # the thread's title, as published
+    reference_note: str  # how the reference relates (and whether it was confirmed)
+    build: Builder
+    lab_sampling: SamplingConfig  # settings for the hand-made lab rows (read as temperature-1 distributions)
+    needs: Callable[[SamplingConfig], tuple[SamplingConfig, str | None]] = lambda c: (c, None)
+
+    @property
+    def is_bug(self) -> bool:
+        return self.key != "none"
+
+
+def _needs_sampling(cfg: SamplingConfig) -> tuple[SamplingConfig, str | None]:
+    if cfg.greedy:
+        return replace(cfg, temperature=1.0), ("temperature was 0 (greedy); this bug needs sampling, so temperature 1 "
+                                               "was used")
+    return cfg, None
+
+
+def _needs_top_k(cfg):
+    cfg, note = _needs_sampling(cfg)
+    if cfg.top_k == 0:
+        return replace(cfg, top_k=40), "top-k was off; this entry needs it, so top-k 40 was used"
+    return cfg, note
+
+
+def _needs_temperature(cfg):
+    cfg, note = _needs_sampling(cfg)
+    if cfg.temperature == 1.0:
+        return replace(cfg, temperature=0.7), "temperature was 1; this entry needs another, so 0.7 was used"
+    return cfg, note
+
+
+def _needs_top_p(cfg):
+    cfg, note = _needs_sampling(cfg)
+    if cfg.top_p >= 1.0:
+        return replace(cfg, top_p=0.9), "top-p was off; this entry needs it, so top-p 0.9 was used"
+    return cfg, note
+
+
+def _needs_any_warp(cfg):
+    cfg, note = _needs_sampling(cfg)
+    if cfg.temperature == 1.0 and cfg.top_k == 0 and cfg.top_p >= 1.0:
+        return replace(cfg, top_p=0.9), "no warp was on, so target and raw target agree; top-p 0.9 was used"
+    return cfg, note
+
+
+T47932 = "https://github.com/huggingface/transformers/issues/47932"
+T47932_TITLE = ("Speculative decoding: candidate generators return a `q` they did not sample from, breaking "
+                "losslessness with `do_sample=True`")
+_Q_BEFORE = (
+    "The draft samples its guess from its warped distribution, and the target's p is warped the same way, but the "
+    "q handed to the rule is the softmax of the draft's raw logits, taken before {what}. The rule's acceptance "
+    "ratio p(x)/q(x) and its residual max(0, p - q) are then computed for a distribution the guess never came "
+    "from, and the output drifts from the warped target."
+)
+
+ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
+    ZooEntry(
+        "none", "No bug: the engine's construction",
+        "The draft samples from warp(q) and the rule reads exactly that row; the target's p uses the same warp and "
+        "a rejection is repaired from normalize(max(0, p - q)). The output follows the warped target exactly: this "
+        "is the control every bug below is compared with.",
+        "https://arxiv.org/abs/2211.17192", "Fast Inference from Transformers via Speculative Decoding",
+        "Leviathan et al. 2022, Algorithm 1.",
+        build_correct, SamplingConfig(1.0, 0, 1.0)),
+    ZooEntry(
+        "greedy-draft", "Greedy draft, softmax q",
+        "The draft decodes greedily (it always proposes its most likely token) while the rule is told the guess was "
+        "drawn from the draft's softmax. The draft's top token is then proposed far more often than q says, the "
+        "acceptance test keeps it with chance min(1, p/q) as if it were rare, and every other token can only come "
+        "out through the residual: the output over-weights the draft's favourite token. Found in Hugging Face "
+        "transformers' assisted generation (issue #32867, fixed by PR #33534 \"Generate: assistant should sample "
+        "when the main model samples\"); the same mistake was acknowledged in jaymody/speculative-sampling issue #3.",
+        "https://github.com/huggingface/transformers/issues/32867",
+        "Speculative sampling does not maintain probability distribution of main model",
+        "transformers #32867 (closed), fixed by PR #33534 (https://github.com/huggingface/transformers/pull/33534), "
+        "which reverted PR #30778 that had made the assistant greedy for speed. Also jaymody/speculative-sampling #3 "
+        "(https://github.com/jaymody/speculative-sampling/issues/3), where the author confirms the argmax drafting "
+        "breaks the guarantee. All three threads read with the search tool.",
+        build_greedy_draft, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
+    ZooEntry(
+        "q-before-topk", "q taken before top-k",
+        _Q_BEFORE.format(what="top-k") + " Top-k keeps only the k most likely tokens, so the raw q spreads mass over "
+        "tokens the draft can never propose, and the kept tokens look rarer to the rule than they are (their "
+        "acceptance ratio is inflated by 1 / (raw mass inside the top k)).",
+        T47932, T47932_TITLE,
+        "transformers #47932 (closed): the reporter measured a median total-variation distance of about 0.05 per "
+        "position (worst 0.31) with top_k=50 on SmolLM2-135M drafting for SmolLM2-360M; fixed by PR #48007 "
+        "\"Align logit distributions for CandidateGenerators using sampling\". Read with the search tool.",
+        build_q_before_warp, SamplingConfig(1.0, 2, 1.0), _needs_top_k),
+    ZooEntry(
+        "q-before-temperature", "q taken before temperature",
+        _Q_BEFORE.format(what="the temperature") + " A temperature below 1 sharpens the draft's sampling "
+        "distribution, so the raw q under-states how often the top tokens are proposed; above 1 it is the reverse.",
+        T47932, T47932_TITLE,
+        "transformers #47932 reports the raw-versus-processed q mismatch for the logits processors in general and "
+        "measures it under top-k; this entry isolates the temperature, which goes through the same processors. "
+        "Read with the search tool.",
+        build_q_before_warp, SamplingConfig(0.5, 0, 1.0), _needs_temperature),
+    ZooEntry(
+        "q-before-topp", "q taken before top-p",
+        _Q_BEFORE.format(what="top-p") + " Top-p keeps the smallest set of tokens whose mass reaches p, so as with "
+        "top-k the raw q wastes mass on tokens that are never proposed.",
+        T47932, T47932_TITLE,
+        "transformers #47932 reports the mismatch for every logits processor the candidate generators skip; this "
+        "entry isolates top-p. Read with the search tool.",
+        build_q_before_warp, SamplingConfig(1.0, 0, 0.85), _needs_top_p),
+    ZooEntry(
+        "target-not-warped", "Target not warped",
+        "The draft samples from its warped q and the rule reads that same q, but the target's p is scored with "
+        "default settings (temperature 1, no top-k, no top-p). The rule is still exact -- for the distribution it "
+        "was given -- so the output follows the target's raw softmax instead of the warped one the user asked for: "
+        "tokens that top-k/top-p should exclude come out, and a temperature has no effect on the target side. "
+        "Fixed in vLLM by PR #10198.",
+        "https://github.com/vllm-project/vllm/pull/10198",
+        "[Bugfix][SpecDecode] apply sampling parameters to target probabilities for consistency in rejection "
+        "sampling.",
+        "vLLM PR #10198 (merged; fixes issue #9834): target probabilities were computed with default sampling "
+        "parameters (top_p=1.0, temperature=1.0, repetition_penalty=1.0) while the draft probabilities were "
+        "filtered by top_p. Read with the search tool.",
+        build_target_not_warped, SamplingConfig(1.0, 0, 0.7), _needs_any_warp),
+    ZooEntry(
+        "fresh-p", "Repair drawn from p",
+        "After a rejection the token is drawn afresh from the target's p instead of from normalize(max(0, p - q)). "
+        "The accepted guesses already deliver min(p, q) of every token, so tokens the draft covers well get their "
+        "share twice and tokens the draft under-rates stay short: the output is min(p, q) + (1 - α) p, not p.",
+        "https://github.com/SafeAILab/EAGLE/issues/329",
+        "Non‑greedy rejection sampling ignores draft (q); not lossless per Speculative Decoding",
+        "SafeAILab/EAGLE #329 is an open report (no maintainer reply found) that the non-greedy path samples the "
+        "replacement token from the target's distribution rather than normalize(max(0, p - q)); read with the "
+        "search tool. NJUNLP/MCSD #5 raised the same suspicion and the maintainer showed the residual was in fact "
+        "used, so a repair line that reads 'sample from p' is not by itself this bug.",
+        build_fresh_p, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
+    ZooEntry(
+        "bf16-draw", "Draft sampled in bfloat16, q read in float32",
+        "The draft samples its guess through a bfloat16 path (logits and softmax in the model's native dtype) while "
+        "the rule reads the float32 softmax of the same logits. bfloat16 keeps 8 significant bits, so each "
+        "probability the draft actually sampled from is off by up to ~0.4 % of itself: the output error is real "
+        "but tiny, usually far below what a chi-square test on a few thousand rounds can see. (A q computed in "
+        "bfloat16 that the draft also samples from is harmless: the rule only needs the two to be the same row.)",
+        "https://github.com/deepseek-ai/DeepSpec/issues/31",
+        "Draft sampling uses a different distribution than speculative rejection",
+        "deepseek-ai/DeepSpec #31 (open issue; it says the fix is PR #30, which casts the logits to float32 before "
+        "temperature and softmax in sample_tokens). Read with the search tool.",
+        build_bf16_draw, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
+]}
+BUG_KEYS = [k for k in ENTRIES if k != "none"]
+
+
+def get_entry(key: str) -> ZooEntry:
+    if key not in ENTRIES:
+        raise LabInputError(f"unknown zoo entry '{key}'; choose one of {', '.join(ENTRIES)}")
+    return ENTRIES[key]
+
+
+# ------------------------------------------------------------------------------------------ exact output
+
+
+def acceptance(c: Construction) -> torch.Tensor:
+    """min(1, p/q) per token of the vocabulary: the engine's own rule (verify.accept_ratio)."""
+    return accept_ratio(c.p, c.q)
+
+
+def repair_row(c: Construction) -> torch.Tensor:
+    """The distribution a rejection draws from: the lab's repair (the engine's residual for 'correct')."""
+    r = resolve_repair(c.repair)(c.p[None], c.q[None])[0]
+    return _normalize(_f64(r))
+
+
+def output_distribution(c: Construction) -> np.ndarray:
+    """The exact distribution of the first emitted token: drawn * a + (chance of a rejection) * repair."""
+    kept = c.drawn * acceptance(c)
+    out = kept + (1.0 - float(kept.sum())) * repair_row(c)
+    return out.clamp_min(0.0).numpy()
+
+
+# ------------------------------------------------------------------------------------------ sampling
+
+
+def sample_construction(c: Construction, n: int, generator: torch.Generator | None = None,
+                        time_budget_s: float | None = None) -> torch.Tensor:
+    """Token index emitted first by n one-guess rounds: x ~ drawn, then verify_batch(x, q, p, repair).
+
+    Through lab.sample_rounds, the lab's own loop; q is passed as built, never renormalized: a wrong q is part of
+    what is reproduced.
+    """
+    return sample_rounds(c.drawn.float(), c.q.float(), c.p.float(), n, generator, c.repair, time_budget_s)
+
+
+# ------------------------------------------------------------------------------------------ power
+
+
+@dataclass
+class Power:
+    """How many rounds the chi-square test (at LEVEL) needs to catch the difference."""
+
+    n50: float  # rounds for a 50 % chance of a failing verdict (inf: never; the distributions are equal)
+    n95: float
+    at_n: float  # chance of a failing verdict at the N that was run
+    impossible_mass: float  # output mass on tokens the promised distribution gives probability 0
+
+
+def detection_probability(out: np.ndarray, promised: np.ndarray, n: float) -> float:
+    """P(the test fails) after n rounds whose output follows `out`, tested against `promised`.
+
+    Two ways to fail: a draw on a token `promised` rules out (lab.chi_square fails outright; chance 1 - (1 - m)^n
+    for output mass m there), or the chi-square statistic over the allowed tokens exceeds its critical value. Under
+    the alternative that statistic is approximately noncentral chi-square with noncentrality equal to the statistic
+    of the expected counts, which lab.chi_square computes with the same pooling of small cells as the real test.
+    """
+    out = np.asarray(out, dtype=np.float64)
+    promised = np.asarray(promised, dtype=np.float64)
+    allowed = promised > 0
+    m = float(out[~allowed].sum())
+    inside = np.where(allowed, out, 0.0)
+    p_chi = 0.0
+    n_in = round(n * (1 - m))  # lab.chi_square reads the sample size off the counts' sum: keep it whole
+    if inside.sum() > 0 and n_in >= 1:
+        test = chi_square(inside / inside.sum() * n_in, promised)
+        if test.testable and test.dof > 0:
+            crit = stats.chi2.isf(LEVEL, test.dof)
+            p_chi = float(stats.ncx2.sf(crit, test.dof, max(test.statistic, 1e-12)))
+            p_chi = max(p_chi, LEVEL)  # under the null it still fails at the level's rate
+    no_impossible = math.exp(n * math.log1p(-m)) if m < 1 else 0.0
+    return 1.0 - no_impossible * (1.0 - p_chi)
+
+
+def rounds_needed(out: np.ndarray, promised: np.ndarray, power: float, n_max: float = 1e13) -> float:
+    """Smallest N (to ~1 %) with detection_probability >= power; inf when even n_max rounds are not enough."""
+    if total_variation(out, promised) < EXACT_TV:
+        return math.inf
+    f = lambda log_n: detection_probability(out, promised, math.exp(log_n)) - power  # noqa: E731
+    lo, hi = 0.0, math.log(n_max)
+    if f(lo) >= 0:
+        return 1.0
+    if f(hi) < 0:
+        return math.inf
+    return float(math.exp(optimize.brentq(f, lo, hi, xtol=0.01)))
+
+
+def power_of(out: np.ndarray, promised: np.ndarray, n: int) -> Power:
+    m = float(np.asarray(out)[np.asarray(promised) <= 0].sum())
+    return Power(rounds_needed(out, promised, 0.5), rounds_needed(out, promised, 0.95),
+                 detection_probability(out, promised, n), m)
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+@dataclass
+class ZooResult:
+    entry: ZooEntry
+    labels: list[str]  # one per cell (token text, or "all other tokens")
+    ids: list[int]  # vocabulary id per cell (lab: position; OTHER for the pooled cell)
+    construction: Construction
+    exact: np.ndarray  # exact output distribution of the wrong construction
+    counts: np.ndarray  # sampled first tokens through verify_batch
+    n: int
+    test: ChiSquare  # counts vs promised
+    tv_exact: float  # TV(exact output, promised)
+    tv_sampled: float
+    power: Power
+    sampling: SamplingConfig
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    requested_n: int = 0
+
+    @property
+    def promised(self) -> np.ndarray:
+        return self.construction.promised.numpy()
+
+    @property
+    def failed(self) -> bool:
+        return self.test.testable and self.test.p_value < LEVEL
+
+    @property
+    def verdict(self) -> str:
+        """'caught', 'hidden' (wrong, but not visible at this N), 'exact', or 'false alarm' (a correct one failed)."""
+        if self.tv_exact < EXACT_TV:
+            return "false alarm" if self.failed else "exact"
+        return "caught" if self.failed else "hidden"
+
+
+def _result(entry, labels, ids, c, n, seed, cfg, notes, time_budget_s=None) -> ZooResult:
+    gen = torch.Generator().manual_seed(int(seed))
+    t0 = time.perf_counter()
+    samples = sample_construction(c, n, gen, time_budget_s)
+    secs = time.perf_counter() - t0
+    v = c.promised.shape[0]
+    cnt = torch.bincount(samples, minlength=v).numpy().astype(np.float64)
+    exact = output_distribution(c)
+    promised = c.promised.numpy()
+    m = int(samples.shape[0])
+    if m < n:
+        notes = notes + [f"the time budget allowed {m:,} of the {n:,} requested rounds"]
+    return ZooResult(entry, labels, ids, c, exact, cnt, m, chi_square(cnt, promised), total_variation(exact, promised),
+                     total_variation(cnt, promised), power_of(exact, promised, m), cfg, secs, notes, int(n))
+
+
+def lab_logits(hp: HundredPoints) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hand-made p and q read as the models' temperature-1 distributions: logits = log p, log q (-inf at 0)."""
+    return (torch.log(torch.as_tensor(hp.p, dtype=torch.float64)).float(),
+            torch.log(torch.as_tensor(hp.q, dtype=torch.float64)).float())
+
+
+def run_zoo_lab(hp: HundredPoints, key: str, n: int, seed: int = 0) -> ZooResult:
+    """One zoo entry on the lab's p and q (with the entry's own warp), N sampled rounds and the exact output."""
+    entry = get_entry(key)
+    lp, lq = lab_logits(hp)
+    cfg = entry.lab_sampling
+    c = entry.build(lp, lq, cfg)
+    notes = []
+    if cfg != SamplingConfig(1.0, 0, 1.0):
+        notes.append(f"sampling settings for this entry: {describe_sampling(cfg)} (p and q above are the models' "
+                     "distributions at temperature 1; the output must follow the warped p)")
+    return _result(entry, list(hp.tokens), list(range(len(hp.tokens))), c, n, seed, cfg, notes)
+
+
+def describe_sampling(cfg: SamplingConfig) -> str:
+    parts = [f"temperature {cfg.temperature:g}"]
+    if cfg.top_k:
+        parts.append(f"top-k {cfg.top_k}")
+    if cfg.top_p < 1:
+        parts.append(f"top-p {cfg.top_p:g}")
+    return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------ real models
+
+
+@dataclass
+class FirstTokenLogits:
+    """The raw next-token logits of both models at a prefix, as the engine's own code computes them."""
+
+    prompt_ids: list[int]
+    target: torch.Tensor  # [V] float32, cpu
+    draft: torch.Tensor  # [V] float32, cpu; -inf outside the draft's reduced head (as the drafter sees it)
+
+
+@torch.inference_mode()
+def first_token_logits(pair, prefix: str, chat: bool = False) -> FirstTokenLogits:
+    """Target and draft logits after the prefix through CachedLM and DraftModelDrafter's own cache (the engine's
+    code, unchanged), before any warp: the zoo needs them to rebuild each wrong construction."""
+    ids = encode_prompt(pair.tokenizer, prefix, chat)
+    target = CachedLM(pair.target, pair.vocab_size).logits_after(ids)[-1]
+    drafter = DraftModelDrafter(pair.draft, pair.vocab_size, head_vocab=resolve_draft_vocab(pair, None),
+                                always_keep=pair.eos_token_ids)
+    drafter.lm.keep_in_head(ids)  # as propose() does before its first step
+    draft = drafter.lm.logits_after(ids)[-1]
+    return FirstTokenLogits(ids, target.float().cpu(), draft.float().cpu())
+
+
+def reduce_construction(c: Construction, keep_top: int = 40) -> tuple[Construction, torch.Tensor]:
+    """Restrict the rows to the tokens that matter, pooling the rest into one cell, without changing the output.
+
+    A token the draft never proposes (drawn = 0) and for which q = 0 or p = 0 can only come out through the
+    repair, with weight p(y) (residual with q = 0, or a fresh draw from p) or 0 (p = 0). Such tokens pool exactly
+    into one cell with the summed p and promised mass and q = drawn = 0. Every other token, and the `keep_top` most
+    likely under promised and under p, keep their own cell. Returns the reduced construction and the vocabulary id
+    of each cell (OTHER for the pool, last).
+    """
+    if c.repair not in ("correct", "fresh-p"):
+        raise ValueError(f"pooling is exact only for the residual and fresh-p repairs, not {c.repair!r}")
+    passive = (c.drawn == 0) & ((c.q == 0) | (c.p == 0))
+    keep = ~passive
+    for row in (c.promised, c.p):
+        top = torch.topk(row, min(keep_top, row.shape[0])).indices
+        keep[top[row[top] > 0]] = True
+    ids = torch.nonzero(keep).squeeze(-1)
+    pool = ~keep
+
+    def cut(row, pooled):
+        return torch.cat([row[ids], row.new_tensor([float(row[pool].sum()) if pooled else 0.0])])
+
+    reduced = Construction(cut(c.drawn, False), cut(c.q, False), cut(c.p, True), cut(c.promised, True), c.repair)
+    return reduced, torch.cat([ids, ids.new_tensor([OTHER])])
+
+
+def run_zoo_real(logits: FirstTokenLogits, key: str, cfg: SamplingConfig, n: int, seed: int = 0,
+                 decode: Callable[[int], str] | None = None, time_budget_s: float = 8.0) -> ZooResult:
+    """One zoo entry on the real models' rows at a prefix, with the user's sampling settings (adjusted where the
+    entry needs a warp that is off, and said so in the notes)."""
+    entry = get_entry(key)
+    cfg, note = entry.needs(cfg.validate())
+    c_full = entry.build(logits.target, logits.draft, cfg)
+    c, ids = reduce_construction(c_full)
+    decode = decode or str
+    labels = [decode(int(i)) if i != OTHER else "all other tokens" for i in ids.tolist()]
+    notes = [note] if note else []
+    if len(ids) > 5000:
+        notes.append(f"{len(ids) - 1:,} tokens have their own cell (no top-k/top-p), so sampling is slow; set top-k "
+                     "to sample more rounds")
+    res = _result(entry, labels, ids.tolist(), c, n, seed, cfg, notes, time_budget_s)
+    return res
+
+
+def chart_cells(res: ZooResult, top: int = 10) -> list[int]:
+    """Indices of the cells a chart names: where the promised and the wrong output put the most mass, and where
+    they differ most; the rest is shown as one remainder bar."""
+    promised, exact = res.promised, res.exact
+    if len(promised) <= top + 2:
+        return list(range(len(promised)))
+    picks: list[int] = []
+    for order in (np.argsort(-np.abs(exact - promised)), np.argsort(-promised), np.argsort(-exact)):
+        for i in order[: top // 2 + 1]:
+            if int(i) not in picks and len(picks) < top:
+                picks.append(int(i))
+    return sorted(picks, key=lambda i: -promised[i])
+
+
+def check_key(key: str) -> str:
+    if not isinstance(key, str) or key not in ENTRIES:
+        raise InvalidInputError(f"choose a zoo entry: {', '.join(ENTRIES)}")
+    return key

@@ -1,0 +1,123 @@
+"""The speculative decoding loop: one `step()` is one round.
+
+A round: the gamma policy says how many guesses to ask for; the drafter proposes them with the exact q each was
+drawn from; the target scores the last committed token plus every guess in one forward pass (gamma+1 rows of p,
+warped as q was); the rule (`core.verify`) keeps a prefix and emits one repaired or bonus token; the stop rule
+(`core.stop`) cuts what is committed at EOS and the token budget; both KV caches roll back to the committed text;
+the round becomes a `Round` event (`loop.display`), which the policy and the running totals observe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator
+
+import torch
+
+from specdec.core.clock import Stopwatch
+from specdec.core.errors import InvalidInputError
+from specdec.core.events import Round, Totals
+from specdec.core.kvcache import CachedLM
+from specdec.core.metrics import StepCosts
+from specdec.core.record import RunRecord
+from specdec.core.sampling import Probs, distribution, make_generator
+from specdec.core.settings import TOP_DISPLAY, DecodeSettings, encode_prompt
+from specdec.core.stop import StopReason, cut_at_stop
+from specdec.core.verify import verify
+from specdec.drafters import Draft, Drafter, make_drafter
+from specdec.loop.display import round_event
+from specdec.loop.gamma import make_policy
+from specdec.models.pair import ModelPair
+
+
+class SpeculativeDecoder:
+    """Stateful decoder: `step()` runs exactly one round; iterating runs rounds until EOS or max_new_tokens."""
+
+    def __init__(self, pair: ModelPair, prompt, settings: DecodeSettings = DecodeSettings(), drafter: Drafter | None = None,
+                 gamma_schedule: list[int] | None = None, top_k: int = TOP_DISPLAY):
+        """`gamma_schedule` forces each round's gamma (e.g. the recorded gammas of a trace, to reproduce a run whose
+        policy followed wall-clock timings); `top_k` is how many candidates per position each Round carries for
+        display -- 0 skips building them (a top-k and a decode per position), for consumers that only want text
+        and statistics (the benchmark's timed loop, the CLI)."""
+        self.settings = settings.validate()
+        self.pair = pair
+        self.tok = pair.tokenizer
+        self.prompt = prompt
+        self.prompt_ids = encode_prompt(self.tok, prompt, settings.chat)
+        self.ids = list(self.prompt_ids)
+        self.gen = make_generator(pair.device, settings.seed)
+        self.drafter = drafter or make_drafter(pair, settings, self.prompt_ids)
+        self.target = CachedLM(pair.target, pair.vocab_size)
+        self.policy = make_policy(self.settings, gamma_schedule)
+        self.top_k = top_k
+        self.totals = Totals()
+        self.rounds: list[Round] = []
+        self.stop_reason: StopReason | None = None
+        self._started: float | None = None  # perf_counter time the first round started
+
+    # -- state -----------------------------------------------------------------------------------------------
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.ids[len(self.prompt_ids) :]
+
+    @property
+    def text(self) -> str:
+        return self.tok.decode(self.generated_ids, skip_special_tokens=True)
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def __iter__(self) -> Iterator[Round]:
+        while not self.done:
+            yield self.step()
+
+    # -- one round -------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> Round:
+        if self.done:
+            raise InvalidInputError("generation has finished; start a new run")
+        # No separate prefill: round one feeds the prompt together with its first draft step and its verification.
+        clock = Stopwatch(self.pair.device)
+        self._started = self._started or clock.start
+        left = self.settings.max_new_tokens - len(self.generated_ids)
+        asked = self.policy.gamma
+        gamma = max(1, min(asked, left - 1))  # guesses past the budget are wasted: at most left-1 plus repair/bonus
+        draft = self.drafter.propose(self.ids, gamma, self.settings.sampling, self.gen)
+        draft_ms = clock.lap()
+        p = self.score(draft)
+        verdict = verify(draft.tokens, draft.probs, p, self.gen)
+        verify_ms = clock.lap()
+        committed, self.stop_reason = cut_at_stop(verdict.tokens, self.pair.eos_token_ids, left)
+        self.ids += committed
+        self.target.sync(self.ids)  # roll back: the target keeps the committed text only
+        self.drafter.feedback(self.ids, verdict.n_accepted, len(draft.tokens))  # ... and so does the draft
+        rnd = round_event(len(self.rounds), len(self.generated_ids) - len(committed), asked, draft.tokens,
+                          draft.probs, draft.note, p, verdict, committed, self.stop_reason, draft_ms, verify_ms,
+                          self.tok, self.top_k)
+        self.policy.observe(rnd)
+        self.totals.observe(rnd)
+        rnd.round_ms = clock.total()
+        self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round_ms
+        rnd.totals = replace(self.totals)
+        self.rounds.append(rnd)
+        return rnd
+
+    def score(self, draft: Draft) -> Probs:
+        """p [g+1, V]: the target's warped distributions after the committed text and after each of the g guesses,
+        from one forward pass (it also feeds any committed tokens the cache lacks)."""
+        g = len(draft.tokens)
+        return distribution(self.target.logits_after(self.ids, draft.tokens.tolist(), g + 1), self.settings.sampling)
+
+    def record(self, costs: StepCosts | None = None, label: str = "") -> RunRecord:
+        """The run so far as one typed RunRecord (what traces, the playground and the Learn tab consume)."""
+        return RunRecord.from_decoder(self, costs, label)
+
+
+def rerun(record: RunRecord, pair: ModelPair) -> SpeculativeDecoder:
+    """Decode the recorded run again with its recorded gammas (what each round asked the drafter for); on the same
+    pair, dtype and device this gives the same text for every gamma policy (the timing-driven 'expected' one too)."""
+    dec = SpeculativeDecoder(pair, record.prompt, record.settings, gamma_schedule=record.gamma_schedule)
+    for _ in dec:
+        pass
+    return dec

@@ -1,0 +1,467 @@
+"""Loading draft/target pairs, and the bounded cache of loaded pairs that an app shares between sessions.
+
+A pair is named by a preset (`PAIRS`) or by explicit target/draft ids: "embedded:<slug>" (the registry-shipped
+Qwen pair, see `specdec.models.embedded`), "tiny:<role>[:seed]" (the random-weight test pair, see `specdec.models.tiny`), or a
+hub id / local folder loaded the usual transformers way (hub access only for ids that are not local folders).
+
+Memory: `load_pair(shared=True)` keeps the startup pair (the first one loaded, and the preset named by
+SPECDEC_PAIR) for the life of the process, plus the most recently used other pairs up to SPECDEC_MAX_PAIRS
+(default 2). Evicted pairs are forgotten by the cache and freed once their last user lets go; a caller that
+decodes on a pair holds `pair_lease(pair)` meanwhile, and a leased pair is never evicted.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from specdec.models.embedded import EMBEDDED, Progress, embedded_folder
+from specdec.models.embedded import say as _say
+from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
+from specdec.core.record import PairInfo
+from specdec.models.tiny import tiny_models, tiny_seed, tiny_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's automatic placements
+DEFAULT_MAX_PAIRS = 2
+
+# Named pairs: (target, draft). "embedded:" ids resolve to the registry packages (specdec.models.embedded), "tiny:" to the
+# random-weight test pair built in memory (specdec.models.tiny), anything else is a hub id or a local folder.
+PAIRS: dict[str, tuple[str, str]] = {
+    "default": ("embedded:qwen2.5-coder-1.5b-instruct", "embedded:qwen2.5-coder-0.5b-instruct"),
+    "tiny": ("tiny:target", "tiny:draft"),
+    "qwen2.5-coder-0.5b-1.5b": ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+    "smollm2-135m-360m": ("HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    "smollm2-135m-1.7b": ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    "qwen2.5-0.5b-1.5b": ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+    "distilgpt2-gpt2-large": ("gpt2-large", "distilgpt2"),
+}
+
+
+@dataclass(eq=False)  # identity equality: two loads of the same ids are still two copies in memory
+class ModelPair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: object
+    device: torch.device  # where token ids go in and logits come out (the target's input embeddings)
+    dtype: torch.dtype
+    name: str
+    target_id: str = ""
+    draft_id: str = ""
+    vocab_size: int = 0  # logits are sliced to this width so p and q index the same tokens
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    device_map: dict | None = None  # the target's accelerate placement (module -> device); None: one device
+    leases: int = field(default=0, repr=False)  # users decoding on it right now (see pair_lease)
+
+    def describe(self) -> dict:
+        """What a record says about this pair (`PairInfo`), as the JSON the bench and the CLI print."""
+        return asdict(PairInfo.of(self))
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' was requested but no CUDA GPU is available; use --device cpu")
+    return dev
+
+
+def cpu_has_fast_bf16() -> bool:
+    """bf16 matmuls are only fast on CPUs with native bf16 instructions (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16()):
+            return torch.bfloat16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype '{dtype}'; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_device_map(device_map: str | dict | None) -> str | dict | None:
+    """None reads SPECDEC_DEVICE_MAP (unset, empty or "none": one device); else a DEVICE_MAPS name or a dict."""
+    if device_map is None:
+        device_map = os.environ.get("SPECDEC_DEVICE_MAP", "").strip()
+    if isinstance(device_map, dict):
+        return device_map
+    if device_map in ("", "none"):
+        return None
+    if device_map not in DEVICE_MAPS:
+        raise ModelLoadError(f"unknown device map '{device_map}'; choose {', '.join(DEVICE_MAPS)} or none")
+    return device_map
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def _local(model_id: str) -> bool:
+    return Path(model_id).expanduser().is_dir()
+
+
+ENCODER_FAMILIES = {
+    "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "electra", "camembert", "ernie", "rembert", "roc_bert",
+    "megatron-bert", "data2vec-text", "xmod", "big_bird", "bert-generation", "modernbert",
+}
+
+
+def check_config(model_id: str):
+    """Load only the config and refuse models that cannot be a speculative decoding target or draft.
+
+    Runs before any weights are fetched, so a bad custom id fails fast and cheaply.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    src = str(Path(model_id).expanduser()) if _local(model_id) else model_id
+    try:
+        cfg = AutoConfig.from_pretrained(src, trust_remote_code=False)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise UnsupportedModelError(
+                f"'{model_id}' needs trust_remote_code (custom model code); specdec only runs models built into "
+                "transformers"
+            ) from exc
+        raise ModelLoadError(f"'{model_id}' could not be loaded: {exc}") from exc
+    except OSError as exc:
+        where = "local folder" if _local(model_id) else "Hugging Face hub (or it is offline)"
+        raise ModelLoadError(f"model '{model_id}' was not found: no config in the {where}") from exc
+    if getattr(cfg, "auto_map", None):
+        raise UnsupportedModelError(f"'{model_id}' needs trust_remote_code (custom model code); refusing to run it")
+    archs = getattr(cfg, "architectures", None) or []
+    causal_arch = not archs or any(a.endswith(("CausalLM", "LMHeadModel")) for a in archs)
+    # Encoder families appear in the causal-LM mapping but only act as decoders when configured as one.
+    encoder_only = cfg.model_type in ENCODER_FAMILIES and not getattr(cfg, "is_decoder", False)
+    if (
+        cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        or getattr(cfg, "is_encoder_decoder", False)
+        or encoder_only
+        or not causal_arch
+    ):
+        archs = ", ".join(getattr(cfg, "architectures", None) or [cfg.model_type])
+        raise UnsupportedModelError(f"'{model_id}' is not a causal language model ({archs}); it cannot draft or verify")
+    return cfg
+
+
+def _load_folder(src: str, dtype: torch.dtype, device: torch.device, placement: dict | None = None):
+    """Load one causal LM onto `device`, or let accelerate place it when `placement` holds a device_map.
+
+    placement: from_pretrained's device_map / max_memory / offload_folder keywords. accelerate then puts each
+    block on a GPU, the CPU or disk and moves activations between them with hooks (outputs come back on the
+    device of the input ids), so the decoding loop only has to feed ids where the input embeddings live.
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, trust_remote_code=False, **(placement or {}))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"weights for '{src}' could not be loaded: {exc}") from exc
+    return (model if placement else model.to(device)).eval()
+
+
+def _load_tokenizer(src: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"tokenizer for '{src}' could not be loaded: {exc}") from exc
+
+
+def _source(model_id: str, progress: Progress | None) -> str:
+    if model_id.startswith("embedded:"):
+        slug = model_id.split(":", 1)[1]
+        if slug not in EMBEDDED:
+            raise ModelLoadError(f"unknown embedded model '{slug}'; known: {', '.join(EMBEDDED)}")
+        return str(embedded_folder(slug, progress))
+    check_config(model_id)
+    return str(Path(model_id).expanduser()) if _local(model_id) else model_id
+
+
+def same_vocabulary(tok_a, tok_b) -> bool:
+    return tok_a is tok_b or tok_a.get_vocab() == tok_b.get_vocab()
+
+
+def eos_ids(tokenizer, *models) -> tuple[int, ...]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for m in models:
+        gen_eos = getattr(getattr(m, "generation_config", None), "eos_token_id", None)
+        for e in gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]:
+            if e is not None:
+                ids.add(int(e))
+    return tuple(sorted(ids))
+
+
+
+
+def _input_device(model: torch.nn.Module) -> torch.device:
+    """Where a dispatched model wants its token ids: the device of its input embeddings."""
+    dev = model.get_input_embeddings().weight.device
+    if dev.type == "meta":
+        raise ModelLoadError(
+            "the device map offloaded the target's input embeddings to disk; give the first device more memory "
+            "(max_memory) so that at least the embeddings fit"
+        )
+    return dev
+
+
+def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None) -> ModelPair:
+    if target_id.startswith("tiny:") or draft_id.startswith("tiny:"):
+        if not (target_id.startswith("tiny:") and draft_id.startswith("tiny:")):
+            other = draft_id if target_id.startswith("tiny:") else target_id
+            _source(other, progress)  # report an unknown or unusable model before the pairing problem
+            raise VocabularyMismatchError("the tiny test models only pair with each other")
+        if device_map is not None:
+            raise ModelLoadError("a device map needs models loaded from a folder or the hub, not the in-memory "
+                                 "tiny pair; save it with save_pretrained and load the folders")
+        seed = tiny_seed(target_id)
+        if tiny_seed(draft_id) != seed:
+            raise ModelLoadError(f"'{target_id}' and '{draft_id}' are different tiny pairs; give both the same seed")
+        tok = tiny_tokenizer()
+        tgt, drf = tiny_models(len(tok), seed)
+        tgt, drf = tgt.to(device=dev, dtype=dt).eval(), drf.to(device=dev, dtype=dt).eval()
+        return ModelPair(tgt, drf, tok, dev, dt, label, target_id, draft_id, len(tok), eos_ids(tok))
+
+    t_src = _source(target_id, progress)
+    d_src = _source(draft_id, progress)
+    _say(progress, f"loading tokenizer ({target_id})")
+    tok = _load_tokenizer(t_src)
+    draft_tok = tok if d_src == t_src else _load_tokenizer(d_src)
+    if not same_vocabulary(tok, draft_tok):
+        raise VocabularyMismatchError(
+            f"draft '{draft_id}' and target '{target_id}' use different vocabularies "
+            f"({len(draft_tok)} vs {len(tok)} tokens, or the same size with different entries); "
+            "speculative decoding needs one shared tokenizer"
+        )
+    placement = offload = None
+    if device_map is not None:
+        # Weights the map sends to "disk" are written here; the folder lives (and is deleted) with the model.
+        offload = tempfile.TemporaryDirectory(prefix="specdec-offload-")
+        placement = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload.name}
+    where = f"device map {device_map if isinstance(device_map, str) else '(dict)'}" if placement else str(dev)
+    _say(progress, f"loading target {target_id} ({str(dt).replace('torch.', '')}, {where})")
+    tgt = _load_folder(t_src, dt, dev, placement)
+    hf_map = None
+    if placement:
+        tgt._specdec_offload_dir = offload  # keeps the offloaded weights on disk exactly as long as the model
+        hf_map = {k: str(v) for k, v in (getattr(tgt, "hf_device_map", None) or {}).items()}
+        dev = _input_device(tgt)
+    # The draft is small by design: whole on the device where the target takes its ids, so p and q, the sampling
+    # generator and the draft's reduced head (a view of its weights) all live on one device.
+    _say(progress, f"loading draft {draft_id}")
+    drf = _load_folder(d_src, dt, dev)
+    # Embedding tables are often padded past the tokenizer; p and q are compared over the shared width only.
+    vocab = min(tgt.config.vocab_size, drf.config.vocab_size)
+    if len(tok) > vocab:
+        raise VocabularyMismatchError(f"tokenizer has {len(tok)} tokens but a model has only {vocab} logits")
+    _say(progress, "models ready")
+    return ModelPair(tgt, drf, tok, dev, dt, label, target_id, draft_id, vocab, eos_ids(tok, tgt, drf), hf_map)
+
+
+# ---------------------------------------------------------------------------------------------- pair cache
+
+
+class PairCache:
+    """Loaded pairs by key: pinned ones for good, the others least recently used first out beyond a limit.
+
+    max_pairs: how many unpinned pairs to keep; None reads SPECDEC_MAX_PAIRS (default 2) at every trim, so a
+    deployment sets it in the environment. A leased pair (leases > 0) is skipped by eviction, and so is the most
+    recently used one, so the cache may hold more than the limit while leases last; it is trimmed when they end.
+    """
+
+    def __init__(self, max_pairs: int | None = None):
+        self.max_pairs = max_pairs
+        self.lock = threading.RLock()
+        self._pinned: dict[tuple, ModelPair] = {}
+        self._recent: OrderedDict[tuple, ModelPair] = OrderedDict()  # least recently used first
+        self._listeners: list[Callable[[ModelPair], None]] = []
+
+    def limit(self) -> int:
+        if self.max_pairs is not None:
+            return self.max_pairs
+        raw = os.environ.get("SPECDEC_MAX_PAIRS", "").strip()
+        if not raw:
+            return DEFAULT_MAX_PAIRS
+        if not raw.isdigit():
+            raise ModelLoadError(f"SPECDEC_MAX_PAIRS must be a whole number >= 0, got {raw[:20]!r}")
+        return int(raw)
+
+    def get(self, key: tuple) -> ModelPair | None:
+        with self.lock:
+            if key in self._pinned:
+                return self._pinned[key]
+            pair = self._recent.get(key)
+            if pair is not None:
+                self._recent.move_to_end(key)
+            return pair
+
+    def put(self, key: tuple, pair: ModelPair, pin: bool) -> None:
+        with self.lock:
+            if pin:
+                self._pinned[key] = pair
+            else:
+                self._recent[key] = pair
+                self._recent.move_to_end(key)
+        self.trim()
+
+    def pairs(self) -> list[ModelPair]:
+        with self.lock:
+            return list(self._pinned.values()) + list(self._recent.values())
+
+    def __contains__(self, pair: ModelPair) -> bool:
+        return any(p is pair for p in self.pairs())
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self._pinned) + len(self._recent)
+
+    def on_evict(self, listener: Callable[[ModelPair], None]) -> None:
+        """Call listener(pair) when a pair leaves the cache, e.g. so an app drops its own reference to it."""
+        self._listeners.append(listener)
+
+    def trim(self) -> int:
+        """Evict unleased unpinned pairs, least recently used first, down to limit(); returns how many left."""
+        with self.lock:
+            limit = self.limit()
+            evicted, excess = [], len(self._recent) - limit
+            # The most recent pair was just loaded or asked for: keep it even when leased pairs fill the limit.
+            candidates = list(self._recent)[: -1 if limit else None]
+            for key in candidates:
+                if excess <= 0:
+                    break
+                if self._recent[key].leases == 0:
+                    evicted.append(self._recent.pop(key))
+                    excess -= 1
+        return self._release(evicted)
+
+    def clear(self) -> int:
+        """Forget every pair, pinned ones included (tests; an app shutting down)."""
+        with self.lock:
+            evicted = list(self._pinned.values()) + list(self._recent.values())
+            self._pinned.clear()
+            self._recent.clear()
+        return self._release(evicted)
+
+    def _release(self, evicted: list[ModelPair]) -> int:
+        n = len(evicted)
+        if not n:
+            return 0
+        on_cuda = any(p.device.type == "cuda" for p in evicted)
+        for pair in evicted:
+            for listener in self._listeners:
+                listener(pair)
+        del pair
+        evicted.clear()
+        # Models hold reference cycles (hooks, tied weights): collect now rather than at the next automatic gc,
+        # then hand the freed CUDA blocks back so the next pair (or another process) can use them.
+        gc.collect()
+        if on_cuda and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return n
+
+
+PAIR_CACHE = PairCache()
+_LOAD_LOCK = threading.Lock()  # one load at a time: two concurrent loads of big models would double peak memory
+
+
+def set_max_pairs(n: int | None) -> None:
+    """Keep at most n unpinned pairs in the shared cache (None: SPECDEC_MAX_PAIRS, default 2); trims at once."""
+    if n is not None and n < 0:
+        raise ModelLoadError(f"max pairs must be >= 0, got {n}")
+    PAIR_CACHE.max_pairs = n
+    PAIR_CACHE.trim()
+
+
+@contextmanager
+def pair_lease(pair: ModelPair) -> Iterator[ModelPair]:
+    """Hold a pair while decoding on it: the cache does not evict it meanwhile, and trims it once released.
+
+    Without a lease a pair can leave the cache while someone still uses it: it keeps working (Python keeps it
+    alive while referenced), but the next load_pair of the same ids then builds a second copy.
+    """
+    with PAIR_CACHE.lock:
+        pair.leases += 1
+    try:
+        yield pair
+    finally:
+        with PAIR_CACHE.lock:
+            pair.leases -= 1
+        PAIR_CACHE.trim()
+
+
+def _pinned(name: str, custom: bool) -> bool:
+    """The pair an app starts with stays loaded: the process's first pair, and the SPECDEC_PAIR preset."""
+    return len(PAIR_CACHE) == 0 or (not custom and name == os.environ.get("SPECDEC_PAIR", "default"))
+
+
+def pair_ids(name: str, target: str | None = None, draft: str | None = None) -> tuple[str, str]:
+    """The (target, draft) ids a request means: a preset's, with typed custom ids in place of either (a custom id
+    next to an unknown preset name takes the default preset's other model)."""
+    if target or draft:
+        base_t, base_d = PAIRS.get(name, PAIRS["default"])
+        return target or base_t, draft or base_d
+    if name not in PAIRS:
+        raise ModelLoadError(f"unknown model pair '{name}'; known pairs: {', '.join(PAIRS)}")
+    return PAIRS[name]
+
+
+def load_pair(
+    name: str = "default",
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    progress: Progress | None = None,
+    shared: bool = True,
+) -> ModelPair:
+    """Load a draft/target pair by preset name, or by explicit target/draft ids (hub ids or local folders).
+
+    device_map ("auto", "balanced", "balanced_low_0", "sequential" or a module->device dict; None reads
+    SPECDEC_DEVICE_MAP): accelerate places the target across the GPUs, the CPU and disk (max_memory caps each,
+    e.g. {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}); the draft goes whole onto the device of the target's input
+    embeddings, which becomes pair.device. Without a map both models go onto `device`.
+
+    With shared=True the pair is memoized per (ids, dtype, device, placement) in PAIR_CACHE (PairCache says what
+    stays loaded): models are used read-only (inference mode; caches live outside them), so every caller and
+    every app session can share one copy. shared=False builds a private pair the cache never sees.
+    """
+    custom = bool(target or draft)
+    target_id, draft_id = pair_ids(name, target, draft)
+    label = "custom" if custom else name
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    dmap = resolve_device_map(device_map)
+    placement = json.dumps([dmap, max_memory], sort_keys=True, default=str) if dmap is not None else ""
+    if not shared:
+        return _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory)
+    key = (target_id, draft_id, dt, str(dev), placement)
+    with _LOAD_LOCK:
+        pair = PAIR_CACHE.get(key)
+        if pair is None:
+            pair = _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory)
+            PAIR_CACHE.put(key, pair, pin=_pinned(name, custom))
+        return pair
