@@ -57,7 +57,7 @@ def test_race_lanes_agree_at_temperature_zero(browser, race_url):
         texts = page.locator("#race-view .race-lane .race-text").all_inner_texts()
         assert len(texts) == 3 and texts[0].strip() and texts[0] == texts[1] == texts[2], texts
         labels = page.locator("#race-view .race-name").all_inner_texts()
-        assert labels[0] == "plain target" and "draft model" in labels[1] and "ngram" in labels[2]
+        assert labels[0] == "plain target" and "draft model" in labels[1] and "n-gram lookup" in labels[2]
         note = page.inner_text("#race-note")
         assert "Temperature 0" in note and "fastest lane" in note
         # Every lane reports its speed, and the speculative ones a speedup against the plain lane.
