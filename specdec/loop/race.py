@@ -255,8 +255,9 @@ class Race:
                 return ("Temperature 0: every lane writes the plain lane's text token for token — speculative "
                         "decoding changes the speed, not the output.")
             return ("Temperature 0, yet the texts differ: on this device and dtype, scoring several tokens in one "
-                    "pass rounds differently from one at a time (exact only up to hardware numerics; fp32 on a "
-                    "CPU is bit-exact).")
+                    "pass rounds differently from one at a time, and an exact tie or near-tie can flip the argmax "
+                    "(in bf16 on a CPU, 4 of 9 48-token runs of the embedded pair drifted from plain greedy, the "
+                    "first time at token 18 or later; fp32 on a CPU is bit-exact).")
         return ("Temperature > 0: each lane is an exact sample from the target at these settings. The texts differ "
                 "because each lane spends its seeded random numbers differently (draft samples, acceptance draws, "
                 "repairs), so the same seed gives different, equally valid samples.")
