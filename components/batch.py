@@ -186,7 +186,8 @@ def crossover_reading(result: dict | None) -> str:
             why.append(
                 f"each row advances {_fmt(lo['tokens_per_round_per_row'])} tokens per round at B = {lo['batch']} but "
                 f"only {_fmt(hi['tokens_per_round_per_row'])} at B = {hi['batch']}: the batch commits the smallest "
-                f"kept count + 1, so it moves at the pace of its least-accepted row "
+                f"accepted count + 1 (a row that ends this round excepted), so it moves at the pace of its "
+                f"least-accepted row "
                 f"({_fmt(hi.get('thrown_per_round'), '{:.1f}')} accepted tokens thrown away per round at B = "
                 f"{hi['batch']})")
         speed = (f"Speculative ÷ plain throughput (steady state): {_fmt(lo.get('steady_speedup'))}× at "

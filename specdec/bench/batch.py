@@ -6,14 +6,14 @@ are padded), interleaved and repeated, and reports:
 
 - plain and speculative tok/s over all rows (whole run, prompt pass included) and in the steady state (rounds
   after the first, which also runs the prompts), per-request latency (time until a row's text is done);
-- tokens per round per row (the batch commits its smallest kept count + 1), tokens thrown away per round;
+- tokens per round per row (the batch commits its smallest accepted count + 1), tokens thrown away per round;
 - the cost of one verification pass against the B×(γ+1) tokens it scores, one draft pass against B, one plain
   step against B;
 - the prediction from those measured costs beside the measurement, and the crossover B where speculation stops
   paying on this machine.
 
 Prediction (stated so it can be checked): with per-token acceptance α (pooled over the mode's runs), a row keeps
-at least k guesses with probability α^k, so the batch's smallest kept count m has E[m] = Σ_{k=1..γ} α^(kB) and each
+at least k guesses with probability α^k, so the batch's smallest accepted count m has E[m] = Σ_{k=1..γ} α^(kB) and each
 row advances 1 + Σ_k α^(kB) tokens per round. Costs are straight-line fits of the measured passes: verify(n) =
 a + b·n for n = B(γ+1) tokens, draft(B) and plain step(B) likewise. Then
   speculative tok/s = B (1 + Σ_k α^(kB)) / (γ draft(B) + verify(B(γ+1))),  plain tok/s = B / step(B),

@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from specdec.core.sampling import Probs, prob_at, sample
+from specdec.core.sampling import Probs, dense, prob_at, sample
 from specdec.core.verify import accept_ratio, residual_distribution
 
 ROOT = -1
@@ -130,6 +130,9 @@ def verify_tree(tree: TokenTree, p: Probs, generator: torch.Generator | None = N
     force a verdict), and `repair` replaces the residual update (to watch a wrong one break exactness); the repair
     or bonus token is always drawn with `generator`.
     """
+    tree_q = tree.q
+    if repair is not residual_distribution:  # teaching repairs read dense rows, as verify_batch gives them
+        p, tree_q = dense(p), dense(tree_q)
     steps: list[TreeStep] = []
     path: list[int] = []
     node, draws = ROOT, iter(uniforms) if uniforms is not None else None
@@ -139,9 +142,9 @@ def verify_tree(tree: TokenTree, p: Probs, generator: torch.Generator | None = N
         moved = False
         for child in tree.children(node):
             x = tree.tokens[child : child + 1]
-            q_x = _row(tree.q, child)
+            q_x = _row(tree_q, child)
             ratio = float(accept_ratio(prob_at(r, x), prob_at(q_x, x)))
-            u = next(draws) if draws is not None else float(torch.rand((), generator=generator, device=x.device))
+            u = _next_uniform(draws, generator, x.device)
             ok = u < ratio
             steps.append(TreeStep(child, ratio, u, ok))
             if ok:
@@ -154,3 +157,13 @@ def verify_tree(tree: TokenTree, p: Probs, generator: torch.Generator | None = N
         y = int(sample(r, generator)[0])
         tokens = [int(t) for t in tree.tokens[path].tolist()] + [y]
         return TreeVerdict(path, tokens, steps, r[0] if refused else None, r[0])
+
+
+def _next_uniform(draws, generator: torch.Generator | None, device) -> float:
+    """The next given uniform (the `uniforms` seam), or a fresh one."""
+    if draws is None:
+        return float(torch.rand((), generator=generator, device=device))
+    try:
+        return float(next(draws))
+    except StopIteration:
+        raise ValueError("verify_tree ran out of given uniforms: give one per child it tries") from None
