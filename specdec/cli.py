@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace", metavar="FILE", help="write the run as a specdec trace (JSON) to FILE")
     _add_sampling_args(g)
     _add_model_args(g)
+    g.add_argument("--tree", metavar="WIDTHS", help="draft a token tree with the draft model: children per node at "
+                   "each depth, e.g. 3,2,1 (one target pass scores every node)")
+    g.add_argument("--tree-mode", default="top-k", choices=["top-k", "sampled", "distinct"],
+                   help="how a node's children are chosen: the draft's likeliest ids (one-hot q), i.i.d. samples, or "
+                        "samples without replacement")
     g.add_argument("--compare", action="store_true", help="also run plain target decoding and report the speedup")
     g.add_argument("--json", action="store_true", help="one JSON object per round, then a summary object")
 
@@ -125,6 +130,8 @@ def cmd_generate(args) -> int:
     from specdec.core.metrics import StepCosts
 
     settings = decode_settings(args)
+    if args.tree:
+        return cmd_generate_tree(args, settings)
     pair = load_from_args(args)
     dec = SpeculativeDecoder(pair, args.prompt, settings)  # validates the prompt before any timing
     baseline = draft_only = None
@@ -180,6 +187,36 @@ def cmd_generate(args) -> int:
         line += (f" (predicted {m.predicted_speedup:.2f}x at c_loop={m.c_loop:.2f}, mean gamma {m.mean_gamma:.1f})"
                  if m.predicted_speedup and m.c_loop is not None else "")
     print(line, file=sys.stderr)
+    return 0
+
+
+def cmd_generate_tree(args, settings) -> int:
+    """generate --tree: tree rounds (loop.tree); prints the text and tokens per target pass."""
+    from specdec.core.errors import InvalidInputError
+    from specdec.drafters.tree import check_widths
+    from specdec.loop.tree import TreeDecoder
+
+    try:
+        widths = check_widths([int(w) for w in args.tree.split(",")], args.tree_mode)
+    except ValueError as exc:
+        if isinstance(exc, InvalidInputError):
+            raise
+        raise InvalidInputError(f"--tree takes comma-separated widths, e.g. 3,2,1; got {args.tree!r}") from None
+    dec = TreeDecoder(load_from_args(args), args.prompt, settings, widths, args.tree_mode)
+    for _ in dec:
+        pass
+    text = dec.pair.tokenizer.decode(dec.generated_ids, skip_special_tokens=True)
+    summary = {"text": text, "tokens": len(dec.generated_ids), "target_passes": len(dec.rounds),
+               "tokens_per_pass": len(dec.generated_ids) / len(dec.rounds), "tree": widths, "tree_mode": args.tree_mode,
+               "nodes_per_tree": sum(r.tree.size for r in dec.rounds) / len(dec.rounds),
+               "stop_reason": dec.stop_reason, "models": dec.pair.describe()}
+    if args.json:
+        print(json.dumps(summary), flush=True)
+        return 0
+    print(text)
+    print(f"-- {summary['tokens']} tokens in {summary['target_passes']} target passes "
+          f"({summary['tokens_per_pass']:.2f} per pass) with {args.tree_mode} trees {args.tree} "
+          f"({summary['nodes_per_tree']:.1f} nodes each)", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,122 @@
+"""Tree rounds end to end on the tiny pair: a draft-model tree, one target pass over every node, `verify_tree`,
+both caches kept to the accepted path. Greedy equals plain greedy for every mode and shape; at T > 0 the first
+three tokens follow the target's exact joint law, and a tree whose q lies about how its children were chosen is
+caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.core.errors import InvalidInputError
+from specdec.core.sampling import SamplingConfig, dense
+from specdec.core.settings import DecodeSettings, encode_prompt
+from specdec.drafters import tree as tree_mod
+from specdec.drafters.tree import TREE_MODES, check_widths
+from specdec.learn.lab import chi_square
+from specdec.loop.plain import plain_decode
+from specdec.loop.tree import TreeDecoder
+from tests.test_drafters import SAMPLED, _ngram_prompt, exact_joint
+
+SHAPES = [(3, 2, 1), (1, 1, 1, 1), (4,), (2, 2)]
+N_SAMPLES = 400
+
+
+@pytest.mark.parametrize("mode", TREE_MODES)
+@pytest.mark.parametrize("widths", SHAPES)
+def test_greedy_tree_decoding_equals_plain_greedy(tiny_pair, one_thread, mode, widths):
+    s = DecodeSettings(max_new_tokens=24)
+    for prompt in ("def add(a, b):", "hello world"):
+        plain = plain_decode(tiny_pair, prompt, s).ids
+        dec = TreeDecoder(tiny_pair, prompt, s, widths, mode)
+        list(dec)
+        assert dec.generated_ids == plain, (mode, widths, prompt)
+        assert all(r.tree.size >= 1 for r in dec.rounds)
+
+
+def test_a_wide_tree_keeps_more_per_pass_than_its_chain(tiny_pair, one_thread):
+    """The point of a tree: on the same greedy text, top-k children at depth 1 need fewer target passes."""
+    s = DecodeSettings(max_new_tokens=30)
+    passes = {}
+    for widths in ((1, 1, 1), (3, 2, 1)):
+        dec = TreeDecoder(tiny_pair, "def add(a, b):", s, widths, "top-k")
+        list(dec)
+        passes[widths] = len(dec.rounds)
+    assert passes[(3, 2, 1)] < passes[(1, 1, 1)], passes
+
+
+def tree_joint_chi_square(pair, prompt: str, widths, mode: str, n_samples: int):
+    law = exact_joint(pair, encode_prompt(pair.tokenizer, prompt), SAMPLED)
+    cells = {seq: i for i, seq in enumerate(law)}
+    counts = np.zeros(len(cells) + 1)
+    for seed in range(n_samples):
+        dec = TreeDecoder(pair, prompt, DecodeSettings(max_new_tokens=3, sampling=SAMPLED, seed=seed), widths, mode)
+        list(dec)
+        counts[cells.get(tuple(dec.generated_ids), len(cells))] += 1
+    return chi_square(counts, list(law.values()) + [0.0])
+
+
+@pytest.mark.parametrize("mode,widths", [("top-k", (2, 1)), ("sampled", (2, 2)), ("distinct", (2, 1))])
+def test_first_three_tokens_of_tree_rounds_follow_the_target(no_eos, one_thread, mode, widths):
+    test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), widths, mode, N_SAMPLES)
+    assert test.p_value > 1e-3, (mode, widths, test)
+
+
+def test_the_chi_square_catches_top_k_children_verified_as_if_sampled(no_eos, one_thread, monkeypatch):
+    """Planted bug: deterministic top-k children carry the draft's sampled q instead of a one-hot q."""
+    real = tree_mod.choose_children
+
+    def lying(logits, width, mode, cfg, gen):
+        xs, rows = real(logits, width, mode, cfg, gen)
+        d = dense(tree_mod.distribution(logits[None], cfg))
+        return xs, [d] * len(xs)
+
+    monkeypatch.setattr(tree_mod, "choose_children", lying)
+    test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), (2, 1), "top-k", N_SAMPLES)
+    assert test.p_value < 1e-3, test
+
+
+def test_children_carry_the_q_they_were_drawn_from(tiny_pair):
+    logits = torch.randn(tiny_pair.vocab_size)
+    cfg = SamplingConfig(temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    xs, rows = tree_mod.choose_children(logits, 3, "top-k", cfg, gen)
+    assert xs == torch.topk(logits, 3).indices.tolist() and [int(r.ids[0]) for r in rows] == xs
+    xs, rows = tree_mod.choose_children(logits, 3, "distinct", cfg, gen)
+    assert len(set(xs)) == 3
+    for j, (x, q) in enumerate(zip(xs, rows)):
+        assert all(float(q[0, earlier]) == 0.0 for earlier in xs[:j]) and float(q.sum()) == pytest.approx(1.0)
+    xs, rows = tree_mod.choose_children(logits, 3, "sampled", cfg, gen)
+    assert all(torch.equal(r, rows[0]) for r in rows)
+
+
+def test_bad_tree_shapes_are_refused():
+    with pytest.raises(InvalidInputError, match="tree mode"):
+        check_widths([2], "beam")
+    with pytest.raises(InvalidInputError, match="whole number from 1 to 8"):
+        check_widths([2, 0], "top-k")
+    with pytest.raises(InvalidInputError, match="at least one depth"):
+        check_widths([], "top-k")
+    with pytest.raises(InvalidInputError, match="limit is 64"):
+        check_widths([8, 8], "top-k")
+
+
+def test_cli_generates_with_a_tree_and_refuses_a_bad_shape(capsys):
+    from specdec.cli import main
+
+    assert main(["generate", "--pair", "tiny", "--dtype", "float32", "--prompt", "def add(a, b):",
+                 "--max-new-tokens", "12", "--tree", "3,2,1", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["tokens"] == 12 and out["tree"] == [3, 2, 1] and out["tokens_per_pass"] >= 1
+    assert out["text"] == plain_decode(_tiny(), "def add(a, b):", DecodeSettings(max_new_tokens=12)).text
+    assert main(["generate", "--pair", "tiny", "--prompt", "x", "--tree", "3,x"]) == 2
+    assert "comma-separated widths" in capsys.readouterr().err
+
+
+def _tiny():
+    from specdec.models.pair import load_pair
+
+    return load_pair("tiny", dtype="float32", device="cpu")
