@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.kvcache import CachedLM
 from specdec.core.sampling import OneHot, SamplingConfig, dense, distribution, sample
 from specdec.core.tree import ROOT, TokenTree
@@ -23,9 +24,7 @@ MAX_TREE_NODES = 64
 
 
 def check_widths(widths, mode: str) -> list[int]:
-    """The tree shape as a list of children per node at each depth; a clear ValueError for a bad one."""
-    from specdec.core.errors import InvalidInputError, whole_number
-
+    """The tree shape as a list of children per node at each depth; a clear message for a bad one."""
     if mode not in TREE_MODES:
         raise InvalidInputError(f"tree mode must be one of {', '.join(TREE_MODES)}, got {mode!r}")
     widths = [whole_number(w, "a tree width", 1, 8) for w in widths]
