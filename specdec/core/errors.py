@@ -1,5 +1,7 @@
 """Exceptions with messages meant for people: the CLI and the app show them as they are."""
 
+import numbers
+
 
 class SpecDecError(Exception):
     """Base class for every error specdec raises on purpose."""
@@ -38,8 +40,7 @@ def whole_number(value, name: str, lo: int, hi: int | None = None, error: type[S
     takes 3.0 (what a number box sends); `got` replaces the quoted value (e.g. a trace's JSON spelling)."""
     if integral_floats and isinstance(value, float) and value.is_integer():
         value = int(value)
-    is_int = isinstance(value, int) or type(value).__name__.startswith(("int", "uint"))  # numpy ints too
-    if isinstance(value, bool) or not is_int or value < lo or (hi is not None and value > hi):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo or (hi is not None and value > hi):
         span = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
         raise error(f"{name} must be a whole number {span}, got {got if got is not None else short_repr(value)}")
     return int(value)
