@@ -21,6 +21,8 @@ from .style import COLORS, axis, layout
 from .tokens import piece_html
 
 ZOO_CHOICES = [(e.title if e.key == "none" else f"Bug: {e.title}", e.key) for e in ENTRIES.values()]
+# The real-rows check has first-token rows only; entries that need more run in the lab alone.
+ZOO_REAL_CHOICES = [(label, key) for label, key in ZOO_CHOICES if not ENTRIES[key].lab_only]
 VERDICT_KIND = {"caught": "bad", "hidden": "warn", "exact": "good", "false alarm": "warn"}
 
 
@@ -69,7 +71,7 @@ def zoo_figure(res: ZooResult, top: int = 10) -> go.Figure:
                 marker_color=COLORS["p"], row=1, col=1)
     fig.add_bar(x=labels, y=col(exact), name="exact output of this construction",
                 marker_color=COLORS["wrong"] if wrong and res.tv_exact > 1e-6 else COLORS["kept"], row=1, col=1)
-    fig.add_bar(x=labels, y=col(emp), name=f"sampled through verify_batch, {res.n:,} rounds",
+    fig.add_bar(x=labels, y=col(emp), name=f"sampled through {res.rule_function}, {res.n:,} rounds",
                 marker_color=COLORS["measured"], error_y=dict(type="data", array=err, color=COLORS["text"]),
                 row=1, col=1)
     diff = np.array(col(exact)) - np.array(col(promised))
@@ -121,7 +123,7 @@ def zoo_result_html(res: ZooResult) -> str:
         f'<div class="zoo-verdict-line">{html.escape(verdict_line(res))}</div>'
         f'<div class="learn-note">chi-square {res.test.statistic:.2f} on {res.test.dof} d.o.f.{test_note}; exact '
         f"total-variation distance to the warped target {res.tv_exact:.4f} (sampled {res.tv_sampled:.4f}); "
-        f"{res.n:,} rounds in {res.seconds * 1e3:.0f} ms through verify_batch; sampling: "
+        f"{res.n:,} rounds in {res.seconds * 1e3:.0f} ms through {res.rule_function}; sampling: "
         f"{html.escape(describe_sampling(res.sampling))}.</div></div>"
         f'<div class="zoo-explain"><b>{html.escape(e.title)}.</b> {html.escape(e.explanation)}</div>'
         f'<div class="learn-note zoo-ref">Reference: {ref}. {html.escape(e.reference_note)}</div>'

@@ -1,7 +1,8 @@
 """The bug zoo and the break-even map in headless Chromium against `python app.py` on the tiny pair.
 
 Run under the shared lock: `flock /tmp/specdec-heavy.lock pytest -m browser tests/test_browser_zoo.py`.
-Screenshots go to docs/screenshots/zoo.png and docs/screenshots/breakeven.png.
+Screenshots go to docs/screenshots/zoo.png, docs/screenshots/zoo-eleven.png (the tree entry and every
+entry's verdict) and docs/screenshots/breakeven.png.
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def test_every_zoo_entry_shows_its_verdict_at_the_default_n(page, app_url):
     page.click("#learn-zoo-run")
     page.wait_for_selector('#learn-zoo-result .zoo-result[data-key="q-before-topk"]', timeout=60_000)
     _shot(page, "#learn-zoo-section", "zoo.png")
+    # The tree entry's pair chart, with the same table of every entry's verdict below it.
+    _pick(page, "#learn-zoo-key", LABELS["eagle-tree-bonus"])
+    page.click("#learn-zoo-run")
+    page.wait_for_selector('#learn-zoo-result .zoo-result[data-key="eagle-tree-bonus"]', timeout=60_000)
+    assert "cat→dog" in page.locator("#learn-zoo-plot").inner_text()
+    _shot(page, "#learn-zoo-section", "zoo-eleven.png")
 
 
 def test_zoo_on_the_real_rows(page, app_url):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import specdec.core.tree
 import specdec.core.verify
 from components import zoo as view
 from specdec.learn import lab
@@ -16,6 +17,7 @@ from specdec.learn import zoo
 from specdec.core.sampling import SamplingConfig, warp
 
 HP = lab.hundred_points(lab.DEFAULT_P, lab.DEFAULT_Q, lab.DEFAULT_TOKENS)  # cat/dog/owl 50/30/20 vs 60/10/30
+NEW_KEYS = ["sampler-order", "verify-argmax", "logit-bias-skipped", "argmax-sampler", "eagle-tree-bonus"]
 
 
 def _construction(key: str, hp=HP) -> zoo.Construction:
@@ -29,7 +31,7 @@ def test_every_entry_has_a_checked_reference_and_a_paragraph():
         assert e.reference.startswith("https://")
         assert len(e.explanation) > 150 and e.reference_title and e.reference_note
     assert set(zoo.BUG_KEYS) == {"greedy-draft", "q-before-topk", "q-before-temperature", "q-before-topp",
-                                 "target-not-warped", "fresh-p", "bf16-draw"}
+                                 "target-not-warped", "fresh-p", "bf16-draw", *NEW_KEYS}
 
 
 @pytest.mark.parametrize("key", list(zoo.ENTRIES))
@@ -54,7 +56,8 @@ def test_hand_computed_outputs_on_cat_dog_owl():
 
 
 @pytest.mark.parametrize("key", ["none", "q-before-topk", "q-before-temperature", "q-before-topp",
-                                 "target-not-warped", "bf16-draw"])
+                                 "target-not-warped", "bf16-draw", "sampler-order", "verify-argmax",
+                                 "logit-bias-skipped", "argmax-sampler"])
 def test_control_is_exact_and_bugs_are_not_on_random_rows(key):
     """On random 6-token rows with each entry's warp: the control's output equals the warped target; a bug's output
     differs whenever its rows differ from the correct ones (a top-p that truncates nothing, say, is harmless)."""
@@ -81,8 +84,8 @@ def test_closed_form_matches_verify_batch(key):
     """50 000 rounds through verify_batch follow the closed-form output (chi-square against it passes)."""
     c = _construction(key)
     gen = torch.Generator().manual_seed(7)
-    s = zoo.sample_construction(c, 50_000, gen)
-    counts = torch.bincount(s, minlength=c.p.shape[0]).numpy().astype(float)
+    s = zoo.sample_construction(c, 5_000 if zoo.ENTRIES[key].lab_only else 50_000, gen)  # a tree walk is slower
+    counts = torch.bincount(s, minlength=c.promised.shape[0]).numpy().astype(float)
     assert lab.chi_square(counts, zoo.output_distribution(c)).p_value > 1e-4
 
 
@@ -141,7 +144,7 @@ def test_samples_go_through_the_engines_verify_batch(monkeypatch):
         zoo.sample_construction(_construction("none"), 10)
 
 
-@pytest.mark.parametrize("key", list(zoo.ENTRIES))
+@pytest.mark.parametrize("key", [k for k, e in zoo.ENTRIES.items() if not e.lab_only])
 def test_pooling_tokens_keeps_the_output_exact(key):
     """reduce_construction on a 500-token row keeps each kept token's output and the pooled cell's total."""
     rng = np.random.default_rng(1)
@@ -164,6 +167,8 @@ def test_needs_turns_on_the_warp_an_entry_needs():
     assert zoo.ENTRIES["q-before-temperature"].needs(cfg)[0].temperature == 0.7
     assert zoo.ENTRIES["q-before-topp"].needs(cfg)[0].top_p == 0.9
     assert zoo.ENTRIES["greedy-draft"].needs(SamplingConfig(0.0))[0].temperature == 1.0
+    both, note = zoo.ENTRIES["sampler-order"].needs(cfg)
+    assert (both.top_k, both.top_p) == (40, 0.9) and "top-k 40 and top-p 0.9" in note
     assert zoo.ENTRIES["none"].needs(cfg) == (cfg, None)
 
 
@@ -185,12 +190,17 @@ def test_first_token_logits_match_the_engine_rows(tiny_pair):
 @pytest.mark.parametrize("key", list(zoo.ENTRIES))
 def test_real_rows_on_the_tiny_pair(tiny_pair, key):
     logits = zoo.first_token_logits(tiny_pair, "def fibonacci(n):")
+    if zoo.ENTRIES[key].lab_only:
+        with pytest.raises(lab.LabInputError, match="lab's rows only"):
+            zoo.run_zoo_real(logits, key, SamplingConfig(1.0, 40, 1.0), 100)
+        assert key not in {k for _, k in view.ZOO_REAL_CHOICES}
+        return
     res = zoo.run_zoo_real(logits, key, SamplingConfig(1.0, 40, 1.0), 5_000, seed=1,
                            decode=lambda i: tiny_pair.tokenizer.decode([i]))
     assert res.n == 5_000 and len(res.labels) == len(res.exact)
     if key == "none":
         assert res.verdict == "exact"
-    elif key in ("greedy-draft", "target-not-warped"):
+    elif key in ("greedy-draft", "target-not-warped", "verify-argmax", "argmax-sampler", "logit-bias-skipped"):
         assert res.verdict == "caught"
     assert res.exact.sum() == pytest.approx(1.0, abs=1e-9)
 
@@ -208,3 +218,87 @@ def test_renderers(tiny_pair):
     res = zoo.run_zoo_real(logits, "fresh-p", SamplingConfig(1.0, 40, 1.0), 1_000, decode=lambda i: "<b>x</b>")
     labels = list(view.zoo_figure(res).data[0].x)
     assert all("<b>" not in lab_ for lab_ in labels)
+
+
+# ------------------------------------------------------------------------------------------ the five later entries
+
+
+def _fixed(key: str, hp=HP):
+    """The same rows, warp and promised output as the entry, built the correct way: the draft samples warp(q) and the
+    rule reads it with p = promised (for the tree: the bonus after every leaf from the target's row after it)."""
+    lp, lq = zoo.lab_logits(hp)
+    e = zoo.ENTRIES[key]
+    if e.lab_only:
+        return zoo.build_eagle_tree(lp, lq, e.lab_sampling, bug=False)
+    promised = e.build(lp, lq, e.lab_sampling).promised
+    qw = warp(lq, e.lab_sampling).double()
+    return zoo.Construction(qw, qw, promised, promised)
+
+
+def test_hand_computed_outputs_of_the_five_later_entries():
+    # top-k 2 then top-p 0.6 (the engine's order) keeps cat alone; the nucleus of the full row is {cat, dog}.
+    c = _construction("sampler-order")
+    assert np.allclose(c.promised.numpy(), [1, 0, 0]) and np.allclose(zoo.output_distribution(c), [0.625, 0.375, 0])
+    # Both argmax entries emit cat, the target's argmax, every time.
+    for key in ("verify-argmax", "argmax-sampler"):
+        assert np.allclose(zoo.output_distribution(_construction(key)), [1, 0, 0], atol=1e-12)
+    assert np.allclose(_construction("argmax-sampler").drawn.numpy(), [1, 0, 0])  # the draft's argmax, cat (q .6)
+    # -100 on cat: the biased target is dog/owl 60/40; the verifier still delivers 50/30/20.
+    c = _construction("logit-bias-skipped")
+    assert np.allclose(c.promised.numpy(), [0, 0.6, 0.4], atol=1e-7)
+    assert np.allclose(zoo.output_distribution(c), [0.5, 0.3, 0.2], atol=1e-7)
+    # Tree: the second candidate is accepted after a refused first one when (cat, then dog) or (owl, then dog):
+    # .6 * (1/6) * .25 + .3 * (1/3) * (1/7). Its bonus is then dog (the residual max(0, p - q) is all dog) instead
+    # of p, which moves that mass times (1 - p(dog)) onto the pair dog -> dog.
+    c = _construction("eagle-tree-bonus")
+    w = 0.6 * (1 / 6) * 0.25 + 0.3 * (1 / 3) / 7
+    expected = np.outer([0.5, 0.3, 0.2], [0.5, 0.3, 0.2])
+    expected[1] -= w * np.array([0.5, 0.3, 0.2])
+    expected[1, 1] += w
+    assert np.allclose(zoo.output_distribution(c), expected.flatten(), atol=1e-7)
+    assert zoo.total_variation(zoo.output_distribution(c), c.promised.numpy()) == pytest.approx(0.7 * w, abs=1e-7)
+    # First emitted token alone is still exact: the marginal over the second token is p.
+    assert np.allclose(zoo.output_distribution(c).reshape(3, 3).sum(1), [0.5, 0.3, 0.2], atol=1e-7)
+
+
+@pytest.mark.parametrize("key", NEW_KEYS)
+def test_new_entry_is_caught_at_its_n_and_the_correct_rule_passes(key):
+    """At a few times the N the power calculation gives for 95 % detection, the seeded chi-square test fails on the
+    bug, and the correct construction on the same rows, N and seed passes it."""
+    bug, fixed = _construction(key), _fixed(key)
+    promised = bug.promised.numpy()
+    assert np.allclose(fixed.promised.numpy(), promised)
+    exact = zoo.output_distribution(bug)
+    n = min(20_000, max(1_000, math.ceil(3 * zoo.rounds_needed(exact, promised, 0.95))))
+    assert zoo.detection_probability(exact, promised, n) > 0.999
+    v = promised.shape[0]
+    for c, should_fail in ((bug, True), (fixed, False)):
+        s = zoo.sample_construction(c, n, torch.Generator().manual_seed(11))
+        test = lab.chi_square(torch.bincount(s, minlength=v).numpy().astype(float), promised)
+        assert (test.p_value < zoo.LEVEL) == should_fail, (key, should_fail, n, test)
+    assert zoo.total_variation(zoo.output_distribution(fixed), promised) < zoo.EXACT_TV
+
+
+def test_tree_entry_walks_the_engines_verify_tree(monkeypatch):
+    """The tree entry's rounds go through specdec.core.tree.verify_tree, looked up at call time."""
+    def boom(*a, **k):
+        raise RuntimeError("verify_tree was called")
+
+    monkeypatch.setattr(specdec.core.tree, "verify_tree", boom)
+    with pytest.raises(RuntimeError, match="verify_tree was called"):
+        zoo.sample_construction(_construction("eagle-tree-bonus"), 10)
+
+
+def test_tree_entry_in_the_lab_and_on_random_rows():
+    res = zoo.run_zoo_lab(HP, "eagle-tree-bonus", 2_000, seed=0)
+    assert res.labels[1] == "cat→dog" and len(res.exact) == 9 and res.counts.sum() == 2_000
+    assert "through verify_tree" in view.zoo_result_html(res)
+    assert any("pairs" in n for n in res.notes)
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        lp = torch.tensor(rng.normal(size=5) * 1.5, dtype=torch.float32)
+        lq = torch.tensor(rng.normal(size=5) * 1.5, dtype=torch.float32)
+        cfg = SamplingConfig(0.8, 0, 1.0)
+        good, bad = zoo.build_eagle_tree(lp, lq, cfg, bug=False), zoo.build_eagle_tree(lp, lq, cfg, bug=True)
+        assert zoo.total_variation(zoo.output_distribution(good), good.promised.numpy()) < zoo.EXACT_TV
+        assert zoo.total_variation(zoo.output_distribution(bad), bad.promised.numpy()) > 1e-3

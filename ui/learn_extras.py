@@ -149,7 +149,7 @@ def build_zoo_real(get_pair: Callable, prefix, temp, top_k, top_p, real_n, real_
                 elem_classes=["learn-intro"])
     with gr.Column(elem_id="learn-zoo-real-section"):
         with gr.Row(equal_height=True):
-            key = gr.Dropdown(zoo_view.ZOO_CHOICES, value=DEFAULT_KEY, label="construction", scale=4,
+            key = gr.Dropdown(zoo_view.ZOO_REAL_CHOICES, value=DEFAULT_KEY, label="construction", scale=4,
                               elem_id="learn-zoo-real-key")
             run = gr.Button("Run on the real rows", variant="primary", elem_id="learn-zoo-real-run", scale=1,
                             min_width=160)

@@ -11,13 +11,20 @@ Every entry builds, at one position, the four rows a (possibly wrong) implementa
 plus the repair the rule uses after a rejection. The engine is never touched: the guess is drawn here, and the
 rows and the repair go into `specdec.core.verify.verify_batch` through its arguments (`repair=` is the seam the lab
 already uses for wrong repairs). The correct construction is drawn = q = warp(draft logits), p = promised, repair =
-the residual; each bug changes exactly one of those.
+the residual; a bug changes one or more of those (a wrong warp for one row, a request setting such as a logit bias
+that only `promised` honours, or a sampler that returns the argmax for every row it draws from).
 
 Because the first emitted token depends only on those rows, its distribution has a closed form:
 out(y) = drawn(y) a(y) + (1 - sum_x drawn(x) a(x)) r(y), with a = min(1, p/q) and r = repair(p, q) normalized. The
 zoo reports that exact distribution, its total-variation distance to `promised`, a chi-square test of N sampled
 rounds, and the N at which the chi-square test would catch the bug with a given probability (its power, from the
 noncentral chi-square distribution).
+
+One entry (`TreeConstruction`) is a token-tree bug that only shows on the token after an accepted leaf, so it is
+scored on ordered pairs of the first two emitted tokens instead: the tree is drawn here and walked by
+`specdec.core.tree.verify_tree` with the target rows it is handed (the wrong row is the seam), and a round that
+emits only one token gets its second from the target's row after it, which is what the next round of an exact
+rule delivers. The exact pair distribution is summed over every tree the draft can draw.
 """
 
 from __future__ import annotations
@@ -34,11 +41,13 @@ from scipy import optimize, stats
 from specdec.core.settings import encode_prompt
 from specdec.drafters.head import resolve_draft_vocab
 from specdec.drafters import DraftModelDrafter
-from specdec.core.errors import InvalidInputError
+from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.kvcache import CachedLM
 from specdec.learn.lab import LEVEL, ChiSquare, HundredPoints, LabInputError, chi_square, resolve_repair, sample_rounds, total_variation
+from specdec.learn.lab import MAX_LAB_ROUNDS
 from specdec.core.sampling import SamplingConfig, warp
-from specdec.core.verify import accept_ratio
+from specdec.core import tree as tree_mod
+from specdec.core.verify import accept_ratio, residual_distribution
 
 EXACT_TV = 1e-6  # below this TV the construction is exact up to float32 rounding of the warps
 OTHER = -1  # id of the pooled "all other tokens" cell in a reduced real-model row
@@ -112,6 +121,104 @@ def build_bf16_draw(lp, lq, cfg) -> Construction:
     return Construction(_normalize(_f64(q16)), q32, pw, pw)
 
 
+def _top_p_then_top_k(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Temperature, then the top-p cutoff on the full distribution, then the top k of what is left, renormalized:
+    the support is the nucleus intersected with the top k. Built from the engine's warp in two passes (the second
+    pass reads the first one's probabilities as logits), where the engine's own order is top-k, renormalize, top-p."""
+    nucleus = warp(logits, SamplingConfig(cfg.temperature, 0, cfg.top_p))
+    return _f64(warp(torch.log(nucleus), SamplingConfig(1.0, cfg.top_k, 1.0)))
+
+
+def _argmax_row(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """One-hot on the most likely token of warp(logits, cfg): the engine's greedy warp, since temperature, top-k and
+    top-p never move the argmax."""
+    return _f64(warp(logits, replace(cfg, temperature=0.0)))
+
+
+LOGIT_BIAS = -100.0  # the bias the logit-bias entry adds to one token's logit (the value in its reference)
+
+
+def logit_bias_row(lp: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The additive logit bias the logit-bias entry's request carries: LOGIT_BIAS on the target's most likely token
+    under the warp, 0 elsewhere."""
+    bias = torch.zeros_like(lp)
+    bias[int(torch.argmax(warp(lp, cfg)))] = LOGIT_BIAS
+    return bias
+
+
+def build_sampler_order(lp, lq, cfg) -> Construction:
+    """The draft samples from warp(q) and the rule reads it; the verifier builds p with top-p and top-k in the other
+    order (nucleus of the full row, intersected with the top k) than the sampler that defines the output."""
+    qw = _f64(warp(lq, cfg))
+    return Construction(qw, qw, _top_p_then_top_k(lp, cfg), _f64(warp(lp, cfg)))
+
+
+def build_verify_argmax(lp, lq, cfg) -> Construction:
+    """The draft samples from warp(q); the verifier checks each guess against the target's argmax and emits it on a
+    mismatch, which is the rule with p one-hot on that argmax."""
+    qw = _f64(warp(lq, cfg))
+    return Construction(qw, qw, _argmax_row(lp, cfg), _f64(warp(lp, cfg)))
+
+
+def build_logit_bias_skipped(lp, lq, cfg) -> Construction:
+    """The request's logit bias reaches the plain sampler (promised = warp(target logits + bias)) but not the
+    verifier's p, which is warp(target logits)."""
+    qw = _f64(warp(lq, cfg))
+    return Construction(qw, qw, _f64(warp(lp, cfg)), _f64(warp(lp + logit_bias_row(lp, cfg), cfg)))
+
+
+def build_argmax_sampler(lp, lq, cfg) -> Construction:
+    """Every token the speculative path samples is the argmax of the filtered distribution: the draft proposes its
+    argmax and the target's token is its argmax. A deterministic guess that is kept iff it equals the target's token
+    is the rule with a one-hot q on the guess, so drawn = q = one-hot on the draft's argmax, p = one-hot on the
+    target's."""
+    guess = _argmax_row(lq, cfg)
+    return Construction(guess, guess, _argmax_row(lp, cfg), _f64(warp(lp, cfg)))
+
+
+@dataclass(frozen=True)
+class TreeConstruction:
+    """A token tree of two candidates for the next token, both leaves, drawn from q without replacement; scored on
+    ordered pairs (first emitted token, second), cell = first * V + second (1-D float64 rows over the same V tokens).
+
+    The target's row after any first token is `p_next` (the lab's rows describe a model whose next-token distribution
+    does not depend on the context). After the second candidate is accepted, the bonus token is drawn from
+    `bonus_after_second`: p_next in a correct walk.
+    """
+
+    q: torch.Tensor
+    p: torch.Tensor  # the target's warped row at the root
+    p_next: torch.Tensor
+    bonus_after_second: torch.Tensor
+    repair: str = "correct"
+
+    @property
+    def promised(self) -> torch.Tensor:
+        return torch.outer(self.p, self.p_next).flatten()
+
+    @property
+    def tokens(self) -> int:
+        return int(self.p.shape[0])
+
+
+def second_child_q(q: torch.Tensor, first: int) -> torch.Tensor | None:
+    """What the second candidate is drawn from after `first`: q without it, renormalized (None when nothing is left)."""
+    rest = q.clone()
+    rest[first] = 0.0
+    mass = float(rest.sum())
+    return rest / mass if mass > 0 else None
+
+
+def build_eagle_tree(lp, lq, cfg, bug: bool = True) -> TreeConstruction:
+    """Two leaf candidates drawn without replacement from warp(q). With the bug, the bonus after the second candidate
+    comes from the residual the first candidate's refusal left, normalize(max(0, p - q)), instead of the target's row
+    after the accepted candidate."""
+    qw = _normalize(_f64(warp(lq, cfg)))  # renormalized in float64 so the pair distribution sums to 1 exactly
+    pw = _normalize(_f64(warp(lp, cfg)))
+    after = residual_distribution(pw[None], qw[None])[0] if bug else pw
+    return TreeConstruction(qw, pw, pw, after)
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     key: str
@@ -123,6 +230,7 @@ class ZooEntry:
     build: Builder
     lab_sampling: SamplingConfig  # settings for the hand-made lab rows (read as temperature-1 distributions)
     needs: Callable[[SamplingConfig], tuple[SamplingConfig, str | None]] = lambda c: (c, None)
+    lab_only: bool = False  # needs the target's row after each first token, which the real-rows check does not have
 
     @property
     def is_bug(self) -> bool:
@@ -154,6 +262,21 @@ def _needs_top_p(cfg):
     cfg, note = _needs_sampling(cfg)
     if cfg.top_p >= 1.0:
         return replace(cfg, top_p=0.9), "top-p was off; this entry needs it, so top-p 0.9 was used"
+    return cfg, note
+
+
+def _needs_top_k_and_top_p(cfg):
+    cfg, note = _needs_sampling(cfg)
+    turned = []
+    if cfg.top_k == 0:
+        cfg = replace(cfg, top_k=40)
+        turned.append("top-k 40")
+    if cfg.top_p >= 1.0:
+        cfg = replace(cfg, top_p=0.9)
+        turned.append("top-p 0.9")
+    if turned:
+        extra = "this entry needs both top-k and top-p, so " + " and ".join(turned) + " was used"
+        note = f"{note}; {extra}" if note else extra
     return cfg, note
 
 
@@ -263,6 +386,89 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "deepseek-ai/DeepSpec #31 (open issue; it says the fix is PR #30, which casts the logits to float32 before "
         "temperature and softmax in sample_tokens). Read with the search tool.",
         build_bf16_draw, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
+    ZooEntry(
+        "sampler-order", "Verifier applies top-k and top-p in another order",
+        "The draft samples from warp(q) and the rule reads that row, but the verifier builds the target's p with "
+        "top-k and top-p applied in a different order from the sampler that defines the output. Here the sampler "
+        "(this engine's warp) keeps the top k tokens, renormalizes them and then cuts the nucleus; the verifier "
+        "cuts the nucleus on the full distribution and intersects it with the top k. Renormalizing first inflates "
+        "the kept tokens, so that nucleus closes sooner, and the two supports can differ whenever the top k hold "
+        "less than all the mass. The rule is exact for the p it is given, so the output follows the verifier's "
+        "truncation, including tokens the sampler cuts.",
+        "https://github.com/sgl-project/sglang/pull/36173",
+        "[Bugfix] Make top-k/top-p filtering consistent across sampling paths",
+        "SGLang PR #36173 (the thread is marked closed): SGLang's regular sampler takes the top-p cutoff on the "
+        "original distribution and intersects it with top-k, while the shared EAGLE-family / standalone / n-gram "
+        "verifier, the FlashInfer min-p path and the DFlash / DSpark / UNO target builder applied top-k, "
+        "renormalized, then top-p. In SGLang the verifier had the renormalize-first order, the reverse of the roles "
+        "here; exactness breaks on the disagreement, whichever order is the reference. Read with the search tool.",
+        build_sampler_order, SamplingConfig(1.0, 2, 0.6), _needs_top_k_and_top_p),
+    ZooEntry(
+        "verify-argmax", "Verifier takes the target's argmax at any temperature",
+        "The draft samples from warp(q), but the verification path checks every guess against the target's most "
+        "likely token and emits that token at the first mismatch, as greedy decoding does, whatever temperature, "
+        "top-k or top-p the request asked for. That is the rule with p one-hot on the target's argmax: the output "
+        "is that one token every time, and all the mass the warped target gives the other tokens is missing. "
+        "Nothing raises an error; the text just turns greedy.",
+        "https://github.com/sgl-project/sglang/pull/39253",
+        "[AMD][SPEC]Fix DeepSeek-V4 benchmark accuracy gap by supporting temperature sampling in EAGLE verify",
+        "SGLang PR #39253 (open when read): on ROCm, eagle_sample sent every HIP request down the all-greedy "
+        "(argmax) branch, a workaround for a target-only sampling kernel that is not registered there, so EAGLE "
+        "verify ignored the requested temperature with no error or warning; on Simple-QA 30.6 % of requests ended "
+        "without a parseable answer against 0.9 % once the temperature was honoured. The fix draws the target's "
+        "token from softmax(logits / temperature) and accepts a guess only when it equals that token. Read with the "
+        "search tool. (A p scored at temperature 1 is the 'Target not warped' entry.)",
+        build_verify_argmax, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
+    ZooEntry(
+        "logit-bias-skipped", "logit_bias not applied on the speculative path",
+        f"The request carries a logit bias (here {LOGIT_BIAS:g} on the target's most likely token, which all but "
+        "bans it) and the plain sampler adds it to the logits before the warp, but the speculative verifier scores "
+        "p from the unbiased logits. The rule delivers the unbiased target: the banned token comes out as often as "
+        "the model likes it, and the other tokens are short by that mass between them. The same report found "
+        "min_p missing from that path; this engine's warp has no min_p, so the entry reproduces the logit bias.",
+        "https://github.com/sgl-project/sglang/issues/10617",
+        "[Bug] Sampling settings (logit_bias, min_p) not applied correctly with EAGLE",
+        "SGLang issue #10617 (open when read): with EAGLE, a logit_bias of -100 on GLM's ' the' token (id 279) did "
+        "not keep it out of the output and min_p did not apply to every token, while top_p did. PR #11555 \"make "
+        "sure logit bias is applied during eagle spec decoding verification\" (merged) added the missing logit-bias "
+        "check to the EAGLE verify function; PR #36173 later rejects min_p > 0 on built-in speculative decoding, "
+        "where it is not applied. All read with the search tool.",
+        build_logit_bias_skipped, SamplingConfig(1.0, 0, 1.0)),
+    ZooEntry(
+        "argmax-sampler", "Speculative sampler returns the argmax",
+        "The function that draws every token on the speculative path builds the filtered distribution "
+        "(temperature, top-k, top-p, min-p) and then returns its most likely token instead of a sample. The "
+        "draft's guess is the draft's argmax, the target's token is the target's argmax, and a guess is kept only "
+        "if it matches (a deterministic guess checked that way is the rule with a one-hot q). The output is the "
+        "target's argmax every time: the same wrong output as the ROCm verifier entry, reached through the sampler "
+        "instead of the verifier, and neither model's temperature or filters change anything.",
+        "https://github.com/EricLBuehler/mistral.rs/pull/2424",
+        "fix(sampler): make speculative sampling actually sample",
+        "mistral.rs PR #2424 (open when read; it says it closes issue #2329, which was not found): "
+        "sample_speculative_top_kp_min_p applied the filters and then returned argmax_f32(&probs), so on the "
+        "speculative path with a temperature set the token was always the most probable one. The PR was read with "
+        "the search tool; in a fetched snapshot of the repository, the late-2025 pipeline/speculative.rs drew both "
+        "the draft's guesses and the target's tokens (sample_target_sequence_speculative, which stops at the first "
+        "mismatch) through that function.",
+        build_argmax_sampler, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
+    ZooEntry(
+        "eagle-tree-bonus", "Tree: bonus token drawn from a sibling's residual",
+        "A token tree with two candidates for the next token, drawn from the draft without replacement, both "
+        "leaves. The rule tries the first; if it is refused, p becomes the residual normalize(max(0, p - q)) and "
+        "the second candidate is tried against that. Once the second is accepted the path is complete, and the "
+        "bonus token after it must come from the target's distribution after that candidate; the bug draws it from "
+        "the residual, which was meant for the candidate's own position. The first emitted token stays exact and "
+        "the second does not, so this entry scores pairs (first → second), with the lab's p as the target's "
+        "distribution after every token. The wrong mass lands on the tokens the residual favours.",
+        "https://github.com/SafeAILab/EAGLE/pull/47", "fix: update verify process",
+        "SafeAILab/EAGLE PR #47 (merged 2024-03-02): when every candidate of a draft path is accepted, the bonus "
+        "token has to be sampled from the logits of the last accepted node (the SpecInfer proof), but "
+        "evaluate_posterior kept sampling it from the sibling-adjusted gtp whenever a sibling had been refused at "
+        "the last level; the fix adds accept_length != candidates.shape[1] to that condition. In issue #50 "
+        "(\"Generation quality loss\", https://github.com/SafeAILab/EAGLE/issues/50) the maintainer names this PR as "
+        "the non-greedy bug behind a reported quality drop. Both threads read with the search tool, the one-line "
+        "diff in a fetched snapshot of the repository. A depth-1 tree is the smallest one that shows it.",
+        build_eagle_tree, SamplingConfig(1.0, 0, 1.0), _needs_sampling, lab_only=True),
 ]}
 BUG_KEYS = [k for k in ENTRIES if k != "none"]
 
@@ -287,24 +493,91 @@ def repair_row(c: Construction) -> torch.Tensor:
     return _normalize(_f64(r))
 
 
-def output_distribution(c: Construction) -> np.ndarray:
-    """The exact distribution of the first emitted token: drawn * a + (chance of a rejection) * repair."""
+def output_distribution(c: Construction | TreeConstruction) -> np.ndarray:
+    """The exact distribution of the first emitted token: drawn * a + (chance of a rejection) * repair (for a tree,
+    of the first two emitted tokens: tree_output_distribution)."""
+    if isinstance(c, TreeConstruction):
+        return tree_output_distribution(c)
     kept = c.drawn * acceptance(c)
     out = kept + (1.0 - float(kept.sum())) * repair_row(c)
     return out.clamp_min(0.0).numpy()
 
 
+def tree_output_distribution(c: TreeConstruction) -> np.ndarray:
+    """Exact distribution of the pair (first, second emitted token), summed over every two-candidate tree the draft
+    can draw, with the tree module's own pieces: a candidate x is kept with accept_ratio(r(x), q_x(x)) where r is the
+    residual so far, and a refusal turns r into residual_distribution(r, q_x)."""
+    q, p, nxt = c.q, c.p, c.p_next
+    v = c.tokens
+    out = torch.zeros(v, v, dtype=torch.float64)
+    r1 = residual_distribution(p[None], q[None])[0]  # after the first candidate (drawn from q itself) is refused
+    for a in torch.nonzero(q > 0).flatten().tolist():
+        keep_a = float(accept_ratio(p[a], q[a]))
+        out[a] += q[a] * keep_a * nxt
+        q_b = second_child_q(q, a)
+        if q_b is None:  # a one-candidate tree: a refusal is repaired from r1
+            out += q[a] * (1 - keep_a) * torch.outer(r1, nxt)
+            continue
+        for b in torch.nonzero(q_b > 0).flatten().tolist():
+            w = q[a] * (1 - keep_a) * q_b[b]
+            keep_b = float(accept_ratio(r1[b], q_b[b]))
+            out[b] += w * keep_b * c.bonus_after_second
+            r2 = residual_distribution(r1[None], q_b[None])[0]
+            out += w * (1 - keep_b) * torch.outer(r2, nxt)
+    return out.flatten().clamp_min(0.0).numpy()
+
+
 # ------------------------------------------------------------------------------------------ sampling
 
 
-def sample_construction(c: Construction, n: int, generator: torch.Generator | None = None,
+def sample_construction(c: Construction | TreeConstruction, n: int, generator: torch.Generator | None = None,
                         time_budget_s: float | None = None) -> torch.Tensor:
-    """Token index emitted first by n one-guess rounds: x ~ drawn, then verify_batch(x, q, p, repair).
+    """Token index emitted first by n one-guess rounds: x ~ drawn, then verify_batch(x, q, p, repair) (for a tree,
+    the pair cell of each round: sample_tree_rounds).
 
     Through lab.sample_rounds, the lab's own loop; q is passed as built, never renormalized: a wrong q is part of
     what is reproduced.
     """
+    if isinstance(c, TreeConstruction):
+        return sample_tree_rounds(c, n, generator, time_budget_s)
     return sample_rounds(c.drawn.float(), c.q.float(), c.p.float(), n, generator, c.repair, time_budget_s)
+
+
+def sample_tree_rounds(c: TreeConstruction, n: int, generator: torch.Generator | None = None,
+                       time_budget_s: float | None = None) -> torch.Tensor:
+    """Pair cell (first * V + second) of n rounds: two candidates drawn from q without replacement, walked by
+    verify_tree with the target rows [p, p_next, bonus_after_second] (root, after the first candidate, after the
+    second). A round that emits one token takes its second from p_next, as the next round of an exact rule would.
+    With time_budget_s, rounds stop once the budget is spent (checked every 1 000 rounds). verify_tree is looked up
+    on its module at call time, as the chain's verify_batch is."""
+    n = whole_number(n, "the number of rounds", 1, MAX_LAB_ROUNDS, LabInputError)
+    v = c.tokens
+    q = c.q.float()
+    rows = torch.stack([c.p, c.p_next, c.bonus_after_second]).float()
+    firsts = torch.multinomial(q, n, replacement=True, generator=generator)
+    seconds = torch.full((n,), -1, dtype=torch.long)
+    trees: dict[tuple[int, int], tree_mod.TokenTree] = {}
+    for a in torch.unique(firsts).tolist():
+        q_b = second_child_q(c.q, a)
+        where = torch.nonzero(firsts == a).flatten()
+        if q_b is not None:
+            seconds[where] = torch.multinomial(q_b.float(), len(where), replacement=True, generator=generator)
+            for b in torch.nonzero(q_b > 0).flatten().tolist():
+                trees[(a, b)] = tree_mod.TokenTree(torch.tensor([a, b]), [-1, -1], torch.stack([q, q_b.float()]))
+        else:
+            trees[(a, -1)] = tree_mod.TokenTree(torch.tensor([a]), [-1], q[None])
+    fallback = torch.multinomial(c.p_next.float(), n, replacement=True, generator=generator)
+    out = torch.empty(n, dtype=torch.long)
+    t0 = time.perf_counter()
+    done = n
+    for i in range(n):
+        if i and i % 1000 == 0 and time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            done = i
+            break
+        a, b = int(firsts[i]), int(seconds[i])
+        tokens = tree_mod.verify_tree(trees[(a, b)], rows if b >= 0 else rows[:2], generator).tokens
+        out[i] = tokens[0] * v + (tokens[1] if len(tokens) > 1 else int(fallback[i]))
+    return out[:done]
 
 
 # ------------------------------------------------------------------------------------------ power
@@ -372,7 +645,7 @@ class ZooResult:
     entry: ZooEntry
     labels: list[str]  # one per cell (token text, or "all other tokens")
     ids: list[int]  # vocabulary id per cell (lab: position; OTHER for the pooled cell)
-    construction: Construction
+    construction: Construction | TreeConstruction
     exact: np.ndarray  # exact output distribution of the wrong construction
     counts: np.ndarray  # sampled first tokens through verify_batch
     n: int
@@ -388,6 +661,11 @@ class ZooResult:
     @property
     def promised(self) -> np.ndarray:
         return self.construction.promised.numpy()
+
+    @property
+    def rule_function(self) -> str:
+        """The engine function the sampled rounds went through."""
+        return "verify_tree" if isinstance(self.construction, TreeConstruction) else "verify_batch"
 
     @property
     def failed(self) -> bool:
@@ -433,7 +711,12 @@ def run_zoo_lab(hp: HundredPoints, key: str, n: int, seed: int = 0) -> ZooResult
     if cfg != SamplingConfig(1.0, 0, 1.0):
         notes.append(f"sampling settings for this entry: {describe_sampling(cfg)} (p and q above are the models' "
                      "distributions at temperature 1; the output must follow the warped p)")
-    return _result(entry, list(hp.tokens), list(range(len(hp.tokens))), c, n, seed, cfg, notes)
+    labels = list(hp.tokens)
+    if isinstance(c, TreeConstruction):
+        labels = [f"{a}→{b}" for a in hp.tokens for b in hp.tokens]
+        notes.append("cells are pairs first→second of emitted tokens; the target's distribution after any token is "
+                     "the p above, so the output must follow p(first) · p(second)")
+    return _result(entry, labels, list(range(len(labels))), c, n, seed, cfg, notes)
 
 
 def describe_sampling(cfg: SamplingConfig) -> str:
@@ -501,6 +784,9 @@ def run_zoo_real(logits: FirstTokenLogits, key: str, cfg: SamplingConfig, n: int
     """One zoo entry on the real models' rows at a prefix, with the user's sampling settings (adjusted where the
     entry needs a warp that is off, and said so in the notes)."""
     entry = get_entry(key)
+    if entry.lab_only:
+        raise LabInputError(f"'{entry.title}' runs on the lab's rows only: it needs the target's distribution after "
+                            "each first token, and the real-rows check has the first-token rows alone")
     cfg, note = entry.needs(cfg.validate())
     c_full = entry.build(logits.target, logits.draft, cfg)
     c, ids = reduce_construction(c_full)
