@@ -38,8 +38,11 @@ from specdec.models.pair import PAIRS
 from specdec.prompts import GROUNDED
 from specdec.core.settings import MAX_GAMMA
 from specdec.io.trace import MAX_TRACE_BYTES
-from ui.controls import DRAFTER_INFO, POLICY_INFO, Number, Slider, drafter_choices, policy_choices
+from ui.controls import (DRAFTER_INFO, POLICY_INFO, TREE_INFO, TREE_MODE_INFO, TREE_WIDTHS_DEFAULT, TREE_WIDTHS_INFO,
+                         Number, Slider, drafter_choices, policy_choices, tree_mode_choices,
+                         VERIFY_INFO, verify_choices)
 from ui.learn_extras import server_metrics_file
+from ui.server_compare import build_server_compare
 from ui.batch_tab import build_batch_tab
 from ui.learn_tab import build_learn_tab
 from ui.race import build_race_tab
@@ -147,6 +150,17 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                                       info=DRAFTER_INFO, elem_id="sd-drafter", min_width=140)
                                 policy = gr.Dropdown(policy_choices(), value="fixed", label="γ policy",
                                                      info=POLICY_INFO, elem_id="sd-policy", min_width=140)
+                            verify = gr.Dropdown(verify_choices(), value="pq", label="Verification", info=VERIFY_INFO,
+                                                 elem_id="sd-verify")
+                        with gr.Accordion("Token tree", open=False, elem_id="sd-tree-group"):
+                            tree_on = gr.Checkbox(False, label="Draft a token tree each round", info=TREE_INFO,
+                                                  elem_id="sd-tree-on")
+                            with gr.Row():
+                                tree_widths = gr.Textbox(TREE_WIDTHS_DEFAULT, label="Tree widths", max_lines=1,
+                                                         info=TREE_WIDTHS_INFO, elem_id="sd-tree-widths",
+                                                         min_width=140)
+                                tree_mode = gr.Dropdown(tree_mode_choices(), value="top-k", label="Tree mode",
+                                                        info=TREE_MODE_INFO, elem_id="sd-tree-mode", min_width=140)
                         gr.Examples(example_rows, inputs=[prompt, chat, drafter, gamma, temperature, prediction],
                                     example_labels=[e["label"] for e in examples], label="Example prompts")
                         gr.Markdown(EXAMPLES_NOTE, elem_id="sd-examples-note")
@@ -170,6 +184,9 @@ def build_demo(pg: Playground) -> gr.Blocks:
                         tokens = gr.HTML("", html_template='<div class="sd-tokens">${value}</div>',
                                          js_on_load=TOKEN_CLICK_JS, elem_id="sd-tokens", max_height=420,
                                          autoscroll=True)
+                        # A tree run's latest round (or the one picked in the Round dropdown), drawn by depth.
+                        tree_view = gr.HTML("", visible=False, elem_id="sd-tree-view", js_on_load=None)
+                        tree_plot = gr.Plot(visible=False, show_label=False, elem_id="sd-tree-pq")
                         phases = gr.HTML(render_phases(None), js_on_load=TOKEN_CLICK_JS, elem_id="sd-phases")
                         stats = gr.HTML(render_stats(None), elem_id="sd-stats", js_on_load=None)
                         with gr.Row(equal_height=False):
@@ -184,6 +201,13 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             with gr.Column(min_width=300):
                                 speed_plot = gr.Plot(empty_figure("speedup appears after the first round"),
                                                      show_label=False, elem_id="sd-speed")
+                        with gr.Row(equal_height=False):
+                            with gr.Column(min_width=300, scale=3):
+                                time_plot = gr.Plot(empty_figure("the time breakdown appears after the first round"),
+                                                    show_label=False, elem_id="sd-time")
+                            with gr.Column(min_width=260, scale=2):
+                                hist_plot = gr.Plot(empty_figure("the acceptance histogram appears after the first round"),
+                                                    show_label=False, elem_id="sd-hist")
                         text = gr.Textbox(label="Generated text", lines=3, max_lines=12, interactive=False,
                                           elem_id="sd-text")
                         with gr.Row(equal_height=False, elem_id="sd-trace"):
@@ -195,6 +219,7 @@ def build_demo(pg: Playground) -> gr.Blocks:
                             trace_file = gr.File(label="Replay a trace (JSON) — no model needed",
                                                  file_types=[".json"], file_count="single", type="filepath",
                                                  height=130, elem_id="sd-import", scale=2, min_width=260)
+                        build_server_compare(recorded)
 
             with gr.Tab("Learn", id="learn"):
                 build_learn_tab(recorded, get_pair=pg.current_pair)
@@ -204,14 +229,14 @@ def build_demo(pg: Playground) -> gr.Blocks:
                 build_batch_tab(get_pair=pg.current_pair, allow_run=not pg.detached)
 
         # ------------------------------------------------------------------------------------------ wiring
-        # drafter and γ policy last: gradio_client fills in their defaults for callers that send the first eleven
-        # (raw HTTP calls send all thirteen)
+        # drafter, γ policy, prediction and the token tree last: gradio_client fills in their defaults for callers
+        # that send the first eleven (raw HTTP calls send all eighteen)
         control_inputs = [prompt, chat, gamma, max_new, temperature, top_k, top_p, seed, pair, target, draft,
-                          drafter, policy, prediction]
+                          drafter, policy, prediction, tree_on, tree_widths, tree_mode, verify]
         drafter.change(lambda d: gr.update(visible=d == "predicted"), drafter, prediction, queue=False,
                        show_progress="hidden")
         outputs = [session, status, tokens, phases, stats, pq_plot, speed_plot, round_dd, pos_dd, text, recorded,
-                   model]
+                   model, tree_view, tree_plot, time_plot, hist_plot]
         assert len(outputs) == len(Playground.OUTPUTS)
         decode = dict(outputs=outputs, show_progress="hidden", concurrency_id="decode",
                       concurrency_limit=int(os.environ.get("SPECDEC_CONCURRENCY", "2")))
@@ -248,6 +273,11 @@ def build_demo(pg: Playground) -> gr.Blocks:
         phases.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)
         round_dd.input(guarded(pg.select_round, 3), [session, round_dd], chart, api_visibility="private", **light)
         pos_dd.input(guarded(pg.select, 3), [session, round_dd, pos_dd], chart, api_visibility="private", **light)
+        round_dd.input(guarded(pg.select_tree, 2), [session, round_dd], [tree_view, tree_plot],
+                       api_visibility="private", **light)
+        # The switch shows the tree panel (its placeholder until the first tree round) or hides it.
+        tree_on.change(lambda on: (gr.update(visible=bool(on)), gr.update(visible=bool(on))), tree_on,
+                       [tree_view, tree_plot], queue=False, show_progress="hidden", api_visibility="private")
 
         timer.tick(pg.model_tick, [pair, target, draft], [model, timer], api_visibility="private", **light)
         demo.load(pg.model_tick, [pair, target, draft], [model, timer], api_visibility="private", **light)
@@ -288,7 +318,7 @@ def main() -> None:
         # uploads are trace files: refuse anything far past the trace limit before it is stored
         max_file_size=MAX_TRACE_BYTES + 5 * 2**20,
         theme=theme(),
-        css_paths=[ASSETS / "style.css"],
+        css_paths=[ASSETS / "style.css", ASSETS / "tree.css"],
         head=f"<script>{(ASSETS / 'app.js').read_text()}</script>",
     )
     loader.quiet.set()

@@ -8,6 +8,9 @@ run's rounds (specdec.loop.batched.BatchRound dicts) to Plotly figures and HTML 
 - `render_batch_view`: B token streams advancing together round by round; rows that kept more guesses than the
   slowest row visibly wait (their extra tokens are shown as held back), the slowest row is marked.
 - `crossover_reading`: the plain-words reading of where speculation stops paying and why.
+- `loop_figure`, `pace_figure`, `render_ragged_view`, `render_both_views`: the ragged loop (specdec.loop.ragged)
+  beside lockstep: throughput and p90 latency per loop against B, each request's tokens over time in both loops,
+  and the ragged run's token streams, where rows gain different counts per round.
 """
 
 from __future__ import annotations
@@ -225,6 +228,8 @@ BATCH_CSS = """
 .sdb-legend { font-size: 12px; margin: 4px 0 8px; display: flex; flex-wrap: wrap; gap: 12px; align-items: center; }
 .sdb-reading ul { margin: 2px 0 8px 18px; }
 .sdb-note { font-size: 12px; color: var(--body-text-color-subdued, #8a8f99); }
+.sdb-len { font-size: 10px; color: var(--body-text-color-subdued, #8a8f99); margin-left: 3px; }
+.sdb-title { font-size: 12px; font-weight: 600; margin: 10px 0 2px; }
 """
 
 
@@ -294,3 +299,133 @@ def _cell(r: dict, i: int) -> str:
         extra = f"<span class='sdb-held' title='kept by this row, thrown away to stay in step'>+{held} held</span>"
     tip = f"kept {n} of {r['gamma']} guesses" if n is not None else ""
     return f"<div class='{' '.join(classes)}' title='{tip}'>{''.join(chips)}{extra}</div>"
+
+
+# ------------------------------------------------------------------------------------ ragged beside lockstep
+
+LOOP_COLORS = {"plain": PLAIN_COLOR, "lockstep": SPEC_COLOR, "ragged": COLORS["measured"],
+               "scheduled": COLORS["engine"]}
+LOOP_NAMES = {"plain": "plain", "lockstep": "lockstep", "ragged": "ragged", "scheduled": "ragged, scheduled γ"}
+ROW_COLORS = ["#3b82f6", "#f97316", "#16a34a", "#8b5cf6", "#dc2626", "#14b8a6", "#eab308", "#64748b"]
+
+
+def _loops(result: dict) -> list[str]:
+    return [n for n in result.get("loops") or [] if any(f"{n}_tok_s" in r for r in result.get("rows", []))]
+
+
+def loop_figure(result: dict | None, height: int = 430) -> go.Figure:
+    """Left: tok/s over all rows against B for plain and every measured loop. Right: p90 per-request latency
+    against B. One line per loop and mode."""
+    if not result or not _modes(result) or not _loops(result):
+        return empty_figure("run the batch benchmark with the ragged loop to compare the loops")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("throughput vs batch size, per loop", "p90 latency per request vs batch size"))
+    for mode in _modes(result):
+        rows, dash, label = _rows(result, mode), MODE_DASH.get(mode, "dot"), MODE_LABEL.get(mode, mode)
+        for n in ["plain", *_loops(result)]:
+            tok, lat = f"{n}_tok_s", f"{n}_p90_latency_ms"
+            name = f"{LOOP_NAMES.get(n, n)} · {label}"
+            pts = [r for r in rows if r.get(tok) is not None]
+            fig.add_trace(go.Scatter(x=[r["batch"] for r in pts], y=[r[tok] for r in pts], mode="lines+markers",
+                                     name=name, legendgroup=name, line={"color": LOOP_COLORS.get(n), "dash": dash},
+                                     hovertemplate="B=%{x}: %{y:.1f} tok/s<extra>" + name + "</extra>"), row=1, col=1)
+            pts = [r for r in rows if r.get(lat) is not None]
+            fig.add_trace(go.Scatter(x=[r["batch"] for r in pts], y=[r[lat] / 1e3 for r in pts], mode="lines+markers",
+                                     name=name, legendgroup=name, showlegend=False,
+                                     line={"color": LOOP_COLORS.get(n), "dash": dash},
+                                     hovertemplate="B=%{x}: p90 %{y:.2f} s<extra>" + name + "</extra>"), row=1, col=2)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="batch size B", type="log", dtick=0.30103, row=1, col=col)
+    fig.update_yaxes(title_text="tokens/s over all rows", row=1, col=1)
+    fig.update_yaxes(title_text="p90 latency per request (s)", row=1, col=2)
+    return _layout(fig, "plain, lockstep and ragged batched decoding on this machine", height)
+
+
+def _progress(rounds: list[dict]) -> list[tuple[list[float], list[list[int]]]]:
+    """(elapsed seconds at the end of each round, tokens emitted so far per row) from a run's round dicts."""
+    if not rounds:
+        return []
+    b = len(rounds[0]["committed"])
+    done, t, n = [0] * b, [0.0], [[0] for _ in range(b)]
+    for r in rounds:
+        for i in range(b):
+            done[i] += len(r["committed"][i])
+            n[i].append(done[i])
+        t.append(r.get("elapsed_ms", 0.0) / 1e3)
+    return [(t, n)]
+
+
+def pace_figure(example: dict | None, height: int = 360) -> go.Figure:
+    """Tokens each request has emitted against wall time, lockstep beside ragged (the same prompts, mode and γ):
+    lockstep rows climb together, ragged rows each at their own pace."""
+    ex = example or {}
+    runs = [(n, ex.get(f"{n}_rounds")) for n in ("lockstep", "ragged") if ex.get(f"{n}_rounds")]
+    if not runs:
+        return empty_figure("the pace of each request appears after a run with lockstep and ragged loops")
+    fig = make_subplots(rows=1, cols=len(runs), horizontal_spacing=0.1, shared_yaxes=True,
+                        subplot_titles=[f"{LOOP_NAMES[n]}: tokens per request over time" for n, _ in runs])
+    prompts = ex.get("prompts") or []
+    for col, (n, rounds) in enumerate(runs, 1):
+        for t, counts in _progress(rounds):
+            for i, c in enumerate(counts):
+                name = f"{i + 1}. {prompts[i][:24] if i < len(prompts) else 'request'}"
+                fig.add_trace(go.Scatter(x=t, y=c, mode="lines+markers", line={"shape": "hv",
+                                         "color": ROW_COLORS[i % len(ROW_COLORS)]}, marker={"size": 4},
+                                         name=name, legendgroup=name, showlegend=col == 1,
+                                         hovertemplate="%{x:.2f} s: %{y} tokens<extra>" + html.escape(name) +
+                                         "</extra>"), row=1, col=col)
+        fig.update_xaxes(title_text="seconds since the batch started", row=1, col=col)
+    fig.update_yaxes(title_text="tokens emitted", row=1, col=1)
+    title = (f"B = {ex.get('batch', '?')}, {MODE_LABEL.get(ex.get('mode'), ex.get('mode', ''))}, "
+             f"γ = {ex.get('gamma', '?')}: lockstep rows advance together, ragged rows at their own pace")
+    return _layout(fig, title, height)
+
+
+def render_ragged_view(rounds: list[dict] | None, prompts: list[str] | None = None, max_rounds: int = 40) -> str:
+    """B token streams of a ragged run, one line per request, one column per round: every row emits its own
+    accepted guesses plus its own repair/bonus token, so rows gain different counts per round and none waits.
+    Each cell ends with the row's length so far."""
+    if not rounds:
+        return "<div class='sdb-wrap'><p class='sdb-note'>The ragged view appears after a run with the ragged loop.</p></div>"
+    shown = rounds[:max_rounds]
+    b = len(shown[0]["committed"])
+    names = list(prompts or [])[:b] + [f"request {i + 1}" for i in range(len(prompts or []), b)]
+    cols = f"minmax(7em, 14em) repeat({len(shown)}, max-content)"
+    cells = ["<div class='sdb-head'>request</div>"]
+    for r in shown:
+        tip = "speculation off: a plain step" if r["gamma"] == 0 else f"γ = {r['gamma']} guesses per row"
+        cells.append(f"<div class='sdb-head' title='{tip}'>round {r['index'] + 1} · γ={r['gamma']}</div>")
+    done = [0] * b
+    for i in range(b):
+        cells.append(f"<div class='sdb-name' title='{html.escape(names[i])}'>{i + 1}. "
+                     f"{html.escape(visible_piece(names[i][:40]))}</div>")
+        for r in shown:
+            if not r["active"][i]:
+                cells.append("<div class='sdb-cell sdb-done'>done</div>")
+                continue
+            done[i] += len(r["committed"][i])
+            n, pieces = r["n_accepted"][i], r["pieces"][i]
+            chips = []
+            for j, piece in enumerate(pieces):
+                last_own = r["own"][i] and j == len(pieces) - 1
+                cls = (("sdb-bonus" if n == r["gamma"] and r["gamma"] else "sdb-rep") if last_own else "sdb-kept")
+                chips.append(_chip(piece, cls))
+            tip = f"kept {n} of {r['gamma']} guesses" if r["gamma"] else "plain step"
+            cells.append(f"<div class='sdb-cell' title='{tip}'>{''.join(chips)}<span class='sdb-len'>{done[i]}</span>"
+                         "</div>")
+    more = len(rounds) - len(shown)
+    tail = f"<p class='sdb-note'>… {more} more round(s) not shown.</p>" if more > 0 else ""
+    return (f"<div class='sdb-wrap'><div class='sdb-grid' style='grid-template-columns: {cols}'>" + "".join(cells)
+            + f"</div>{tail}</div>")
+
+
+def render_both_views(example: dict | None) -> str:
+    """The lockstep batch view and, when the run has one, the ragged view of the same prompts, one above the other."""
+    ex = example or {}
+    lock = ex.get("lockstep_rounds") or (ex.get("rounds") if ex.get("loop", "lockstep") == "lockstep" else None)
+    parts = ["<div class='sdb-title'>lockstep: every row commits the batch's smallest accepted count + 1</div>",
+             render_batch_view(lock, ex.get("prompts"))]
+    if ex.get("ragged_rounds"):
+        parts += ["<div class='sdb-title'>ragged: every row commits its own accepted count + 1</div>",
+                  render_ragged_view(ex["ragged_rounds"], ex.get("prompts"))]
+    return "".join(parts)

@@ -19,7 +19,8 @@ from plotly.colors import sample_colorscale
 from specdec.core import events
 from specdec.core.events import Round
 from specdec.learn.lab import RunPoint, speedup_curve
-from specdec.core.metrics import StepCosts, alpha_estimate, loop_cost_ratio, predict_speedup, running_speedup
+from specdec.core.metrics import (PHASES, StepCosts, TimeBreakdown, alpha_estimate, loop_cost_ratio, predict_speedup,
+                                  running_speedup)
 
 from .style import COLORS, axis, empty_figure, figure  # noqa: F401  (empty_figure: re-exported for older imports)
 from .tokens import fmt_prob, piece_html, visible_piece
@@ -139,9 +140,10 @@ def pq_title(rnd: Round, position: int) -> str:
         a, u = rnd.accept_probs[position], rnd.uniforms[position]
         tok = piece_html(rnd.draft_pieces[position])
         if fate == events.ACCEPTED:
-            what = f"draft “{tok}” accepted: u {fmt_prob(u)} < min(1, p/q) {fmt_prob(a)}"
+            sign = "<" if rnd.passed(position) else "≥"
+            what = f"draft “{tok}” accepted: u {fmt_prob(u)} {sign} {rnd.test_name} {fmt_prob(a)}"
         elif fate == events.REJECTED:
-            what = (f"draft “{tok}” rejected: u {fmt_prob(u)} ≥ min(1, p/q) {fmt_prob(a)}; "
+            what = (f"draft “{tok}” rejected: u {fmt_prob(u)} ≥ {rnd.test_name} {fmt_prob(a)}; "
                     f"repaired with “{piece_html(rnd.emitted_piece)}”")
         elif fate == events.DISCARDED:
             what = f"draft “{tok}” discarded (after the rejection; p is conditioned on discarded guesses)"
@@ -259,6 +261,95 @@ def speedup_figure(rounds: list[Round], costs: StepCosts | None, height: int = 3
         xaxis=axis(title={"text": "round"}, dtick=max(1, len(rounds) // 10), range=[0.5, n + 0.5]),
         yaxis=axis(title={"text": "tokens per pass  /  speedup ×"}, rangemode="tozero"),
     )
+
+
+PHASE_COLORS = {"draft": "#3b82f6", "verify": "#8b5cf6", "rule": "#f97316", "cache": "#14b8a6",
+                "display": "#a3a3a3", "other": "#d4d4d4"}
+PHASE_WORDS = {"draft": "draft", "verify": "target pass", "rule": "the rule", "cache": "cache roll-back",
+               "display": "display", "other": "other"}
+
+
+def time_breakdown_figure(b: TimeBreakdown, height: int = 380):
+    """Where each round's milliseconds went, stacked by phase, beside what plain steps would have paid for the
+    same tokens; the title carries the run total and the one-line reading."""
+    if not b.rounds:
+        return empty_figure("No rounds yet: the time breakdown appears after the first round.")
+    x = list(range(1, len(b.rounds) + 1))
+    traces = [{"type": "bar", "name": f"{PHASE_WORDS[k]} ({getattr(b.total, k):.0f} ms)", "x": x,
+               "y": [getattr(t, k) for t in b.rounds], "marker": {"color": PHASE_COLORS[k]},
+               "hovertemplate": f"round %{{x}}: {PHASE_WORDS[k]} %{{y:.1f}} ms<extra></extra>"} for k in PHASES]
+    if b.plain_ms is not None:
+        traces.append({"type": "scatter", "mode": "markers", "name": f"plain steps for the same tokens "
+                       f"({sum(b.plain_ms):.0f} ms)", "x": x, "y": b.plain_ms,
+                       "marker": {"symbol": "line-ew-open", "size": 16, "color": COLORS["text"], "line": {"width": 2}},
+                       "hovertemplate": "round %{x}: plain decoding would take %{y:.0f} ms<extra></extra>"})
+    reading = html.escape(b.reading)
+    title = (f"Where the milliseconds went: {b.total.total:.0f} ms over {len(b.rounds)} rounds"
+             f"<br><span style='font-size:11px'>{reading}</span>")
+    return figure(traces, title, height, barmode="stack",
+                  xaxis=axis(title={"text": "round"}, dtick=max(1, len(x) // 10)),
+                  yaxis=axis(title={"text": "ms"}, rangemode="tozero"))
+
+
+def acceptance_histogram_figure(per_request: dict, height: int = 300):
+    """The run's acceptance-length histogram (guesses kept per drafting round), one bar group per draft length:
+    the per-request shape `specdec.io.server_metrics.per_request` exports."""
+    by_len = per_request.get("acceptance_histogram_by_draft_length") or {}
+    if not by_len:
+        return empty_figure("No drafting rounds yet: the acceptance histogram appears after the first.", height)
+    kmax = max(int(k) for row in by_len.values() for k in row)
+    x = list(range(kmax + 1))
+    traces = [{"type": "bar", "name": f"γ = {g}", "x": x, "y": [row.get(str(k), 0) for k in x],
+               "hovertemplate": f"γ {g}: %{{y}} rounds kept %{{x}} guesses<extra></extra>"}
+              for g, row in by_len.items()]
+    mean = per_request.get("mean_acceptance_length", 1.0)
+    return figure(traces, f"Guesses kept per round (mean acceptance length {mean:.2f}, bonus included)", height,
+                  barmode="stack", xaxis=axis(title={"text": "guesses kept"}, dtick=1),
+                  yaxis=axis(title={"text": "rounds"}, rangemode="tozero"))
+
+
+def server_comparison_figure(server, run_rates: Sequence[float], height: int = 320):
+    """Acceptance per draft position: a vLLM server's (from its /metrics scrape, a ServerAcceptance) beside this
+    run's (vLLM's definition: drafts whose guess at position i was accepted / drafts)."""
+    n = max(len(server.per_position_rate), len(run_rates))
+    x = list(range(n))
+    traces = [
+        {"type": "bar", "name": f"vLLM server (mean acceptance length {server.mean_acceptance_length:.2f})", "x": x,
+         "y": list(server.per_position_rate) + [None] * (n - len(server.per_position_rate)),
+         "marker": {"color": COLORS["predicted"]},
+         "hovertemplate": "server, position %{x}: %{y:.1%} of drafts<extra></extra>"},
+        {"type": "bar", "name": "this run", "x": x, "y": list(run_rates) + [None] * (n - len(run_rates)),
+         "marker": {"color": COLORS["measured"]},
+         "hovertemplate": "this run, position %{x}: %{y:.1%} of drafts<extra></extra>"},
+    ]
+    return figure(traces, "Acceptance by draft position: a vLLM server beside this run", height, barmode="group",
+                  xaxis=axis(title={"text": "draft position"}, dtick=1),
+                  yaxis=axis(title={"text": "accepted / drafts"}, range=[0, 1]))
+
+
+RULE_COLORS = {"pq": "#8b5cf6", "strict": "#f97316", "block": "#16a34a"}
+
+
+def verify_modes_figure(points: Sequence, pair_label: str = "", height: int = 360):
+    """Share of guesses kept against temperature, one line per verification rule, measured on the same drafts
+    (`specdec.bench.verify_modes`); the hover adds tokens per target pass."""
+    if not points:
+        return empty_figure("No measurement shipped: run python -m specdec bench --verify-modes.", height)
+    traces = []
+    for mode in RULE_COLORS:
+        pts = sorted((p for p in points if p.mode == mode), key=lambda p: p.temperature)
+        if not pts:
+            continue
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": mode,
+                       "x": [p.temperature for p in pts], "y": [p.kept_share for p in pts],
+                       "customdata": [[p.tokens_per_pass, p.rounds] for p in pts],
+                       "line": {"color": RULE_COLORS[mode], "width": 2.5},
+                       "hovertemplate": f"{mode}, T %{{x}}: %{{y:.1%}} of guesses kept, %{{customdata[0]:.2f}} "
+                                        f"tokens per target pass (%{{customdata[1]}} rounds)<extra></extra>"})
+    sub = f"measured on {html.escape(pair_label)}, the same drafts for every rule" if pair_label else \
+        "the same drafts for every rule"
+    return figure(traces, f"Guesses kept against temperature<br><span style='font-size:11px'>{sub}</span>", height,
+                  xaxis=axis(title={"text": "temperature"}), yaxis=axis(title={"text": "share kept"}, range=[0, 1]))
 
 
 # ------------------------------------------------------------------------------------------ speedup theory

@@ -10,7 +10,7 @@ import html
 
 from specdec.core import events
 from specdec.core.stop import stop_label
-from specdec.core.events import Round
+from specdec.core.events import RULE_HINTS, Round
 
 from .tokens import ACCEPTED, BONUS, FATE_KIND, PLAIN, REPAIRED, fmt_prob, piece_html, quoted
 
@@ -79,23 +79,27 @@ def _accept_card(rnd: Round) -> str:
             rows.append(_row(_chip("disc", rnd.draft_pieces[i], rnd.index, i),
                              '<span class="sd-verdict sd-muted">not tested — discarded</span>'))
             continue
-        kept = u < a  # the rule's own verdict; a kept guess past the end of the text is shown as not committed
+        kept = i < rnd.n_accepted  # the rule's own verdict; a kept guess past the end of the text is not committed
         kind = FATE_KIND[fate]
-        sign, word, mark = ("<", "keep", "✓") if kept else ("≥", "reject", "✗")
+        sign = "<" if rnd.passed(i) else "≥"
+        word, mark = ("keep", "✓") if kept else ("reject", "✗")
         if fate == events.CUT:
             word += ", but not committed: the text ended before it"
         gauge = (f'<span class="sd-gauge">'
                  f'<span class="sd-gauge-fill" style="width:{_pct(a)}"></span>'
                  f'<span class="sd-gauge-tick sd-gauge-{"acc" if kept else "rej"}" style="left:{_pct(u)}"></span></span>')
         # Short enough for a quarter-width card; the row's tooltip spells it out.
-        full = f"u = {fmt_prob(u)} {sign} min(1, p/q) = {fmt_prob(a)} → {word} (the tick is u, the bar min(1, p/q))"
-        if rnd.one_hot:
-            full += "; q is 1 on this deterministic guess, so min(1, p/q) = p"
+        full = (f"u = {fmt_prob(u)} {sign} {rnd.test_name} = {fmt_prob(a)} → {word} "
+                f"(the tick is u, the bar {rnd.test_name})")
+        if kept != rnd.passed(i):
+            full += "; block verification keeps it all the same: the test of a longer prefix passed"
+        if rnd.one_hot and rnd.verify != "block":
+            full += f"; q is 1 on this deterministic guess, so {rnd.test_name} = p (pq and strict agree)"
         verdict = "acc" if kept else "rej"
         rows.append(_row(_chip(kind, rnd.draft_pieces[i], rnd.index, i),
                          f'{gauge}<span class="sd-verdict sd-verdict-{verdict}">{fmt_prob(u)} {sign} {fmt_prob(a)} '
                          f'{mark}</span>', title=full))
-    sub = "draw u ~ U(0,1) per guess; keep it iff u < min(1, p/q) (the tick must land inside the bar)"
+    sub = f"draw u ~ U(0,1) per guess; {RULE_HINTS.get(rnd.verify, RULE_HINTS['pq'])} (tick inside the bar: passed)"
     return _card(3, "Accept / reject", sub, "".join(rows))
 
 
@@ -109,7 +113,7 @@ def _emit_card(rnd: Round) -> str:
         sub = f"all {rnd.gamma} guesses kept, so the target's p at position {k} gives one more token for free"
     else:
         title, kind = "Repair", REPAIRED
-        sub = f"guess {k} was rejected: resample position {k} from normalize(max(0, p − q))"
+        sub = f"guess {k} was rejected: resample position {k} from {REPAIR_WORDS.get(rnd.verify, REPAIR_WORDS['pq'])}"
     committed = "".join(_chip((ACCEPTED if n < k else kind), piece, rnd.index, n)
                         for n, piece in enumerate(rnd.committed_pieces))
     body = (
@@ -121,6 +125,28 @@ def _emit_card(rnd: Round) -> str:
     if rnd.stop_reason:
         body += f'<div class="sd-row sd-muted">generation stopped: {stop_label(rnd.stop_reason)}</div>'
     return _card(4, title, sub, body)
+
+
+REPAIR_WORDS = {"pq": "normalize(max(0, p − q))", "strict": "p without the refused guess (the target's own draw)",
+                "block": "normalize(max(0, w·p − q)), w the kept prefix's weight"}
+RULE_WORDS = {"pq": "pq", "strict": "strict", "block": "block"}
+
+
+def same_draft_html(rnd: Round) -> str:
+    """One line: what each rule would have kept from this round's guesses with the same uniforms."""
+    if not rnd.same_draft:
+        return ""
+    parts = []
+    for v in rnd.same_draft:
+        tests = ", ".join(fmt_prob(t) for t in v.tests)
+        title = f"{v.mode}: tests {events.TEST_NAMES.get(v.mode, '')} = [{tests}] against u = " \
+                f"[{', '.join(fmt_prob(u) for u in rnd.uniforms)}]"
+        mine = " sd-rule-this" if v.mode == rnd.verify else ""
+        parts.append(f'<span class="sd-rule{mine}" title="{html.escape(title, quote=True)}">'
+                     f'<b>{html.escape(RULE_WORDS.get(v.mode, v.mode))}</b> keeps {v.n_accepted}/{rnd.gamma}</span>')
+    note = " · with a one-hot q, pq and strict always agree" if rnd.one_hot else ""
+    return (f'<div class="sd-same-draft">Same guesses, same u, three exact rules: {" · ".join(parts)}'
+            f'<span class="sd-muted">{note} (this run uses {html.escape(rnd.verify)})</span></div>')
 
 
 def render_phases(rnd: Round | None) -> str:
@@ -137,4 +163,4 @@ def render_phases(rnd: Round | None) -> str:
             f'{"plain step" if rnd.gamma == 0 else "bonus" if rnd.is_bonus else "repaired"}</div>')
     cards = _draft_card(rnd) + _verify_card(rnd) + _accept_card(rnd) + _emit_card(rnd)
     # data-r changes every round, so the browser re-creates the cards and replays their entrance animation.
-    return f'{head}<div class="sd-phases" data-r="{rnd.index}">{cards}</div>'
+    return f'{head}<div class="sd-phases" data-r="{rnd.index}">{cards}</div>{same_draft_html(rnd)}'

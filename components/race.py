@@ -154,8 +154,24 @@ def _model_detail(lane: Lane) -> str:
             f"{r.gamma}.</div>")
 
 
+def _auto_detail(lane: Lane, prompt_pieces: list[str]) -> str:
+    """The hybrid lane: each round's note says who drafted it. A mixed round's copy ran to the end of the text, so
+    it is (text length - source_start) tokens long, and the draft model wrote the rest."""
+    r = _last_proposal(lane)
+    if r is None or r.drafter == "model":
+        return _model_detail(lane)
+    if r.drafter != "auto" or r.note.source_start is None:
+        return _ngram_detail(lane, prompt_pieces)
+    k = len(prompt_pieces) + r.position - r.note.source_start
+    return (f"<div>Round {r.index + 1}: copied {k} token{'s' if k != 1 else ''} after a {r.note.match_len}-token "
+            f"match, up to the end of the text; the draft model sampled {r.gamma - k} more. Kept {r.n_accepted} of "
+            f"{r.gamma}.</div>")
+
+
 def _detail(lane: Lane, prompt_pieces: list[str]) -> str:
     kind = lane.spec.drafter
+    if kind == "auto":
+        return _auto_detail(lane, prompt_pieces)
     if kind == "ngram":
         return _ngram_detail(lane, prompt_pieces)
     if kind == "cross":

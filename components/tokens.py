@@ -96,7 +96,7 @@ def _draft_tooltip(rnd: Round, i: int, fate: str) -> str:
     lines = [
         f"round {rnd.index + 1} · draft position {i}: {quoted(rnd.draft_pieces[i])}",
         f"q (draft) = {fmt_prob(q)}   p (target) = {fmt_prob(p)}",
-        f"min(1, p/q) = {fmt_prob(a)}",
+        f"{rnd.test_name} = {fmt_prob(a)}" + ("" if rnd.verify == "pq" else f"  ({rnd.verify} verification)"),
     ]
     if rnd.one_hot:
         lines.append(one_hot_note(rnd))

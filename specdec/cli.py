@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from specdec.core.errors import SpecDecError
-from specdec.core.settings import DRAFTERS
+from specdec.core.settings import DRAFTERS, VERIFY_MODES
 
 
 def _add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -20,6 +20,10 @@ def _add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--device-map", choices=["auto", "balanced", "balanced_low_0", "sequential", "none"],
                     help="shard the target across devices with accelerate (default: $SPECDEC_DEVICE_MAP, else none)")
+    ap.add_argument("--draft-quant", choices=["none", "int8"], default=None,
+                    help="quantize the draft's weights: int8 (weight-only, per-row scales; CPU with bfloat16 or "
+                         "float16 activations, 'auto' dtype picks bfloat16); default: the pair's own (none, or int8 "
+                         "for default-int8)")
 
 
 def _add_sampling_args(ap: argparse.ArgumentParser) -> None:
@@ -55,19 +59,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: 65536 for large vocabularies")
     g.add_argument("--drafter", default="model", choices=list(DRAFTERS),
                    help="who proposes the guesses: the draft model, n-gram prompt lookup, the target's first "
-                        "layers (early exit), a draft with another tokenizer (cross), or --prediction (predicted)")
+                        "layers (early exit), a draft with another tokenizer (cross), --prediction (predicted), or "
+                        "auto (a copy after a strong n-gram match, else the draft model)")
     g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix matched (tried first)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix matched")
     g.add_argument("--exit-layer", type=int, default=0, help="early-exit: layers that draft (0 = a quarter)")
     pg = g.add_mutually_exclusive_group()
     pg.add_argument("--prediction", metavar="TEXT", default="", help="predicted: the text you expect the output to be")
     pg.add_argument("--prediction-file", metavar="F", help="predicted: read the expected output from file F (UTF-8)")
+    g.add_argument("--verify", default="pq", choices=list(VERIFY_MODES),
+                   help="how the target checks the guesses: pq keeps x with probability min(1, p/q); strict keeps it "
+                        "only if the target's own draw is x; block judges the guesses jointly (keeps at least as "
+                        "many as pq in expectation); all three are exact")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--trace", metavar="FILE", help="write the run as a specdec trace (JSON) to FILE")
     _add_sampling_args(g)
     _add_model_args(g)
     g.add_argument("--tree", metavar="WIDTHS", help="draft a token tree with the draft model: children per node at "
-                   "each depth, e.g. 3,2,1 (one target pass scores every node)")
+                   "each depth, e.g. 3,2,1 (one target pass scores every node); with --drafter ngram or predicted "
+                   "the tree is copied, a branch per distinct continuation, within the shape's depth (its length) "
+                   "and node count, e.g. 4,1,1,1,1,1 for up to four branches of six tokens")
     g.add_argument("--tree-mode", default="top-k", choices=["top-k", "sampled", "distinct"],
                    help="how a node's children are chosen: the draft's likeliest ids (one-hot q), i.i.d. samples, or "
                         "samples without replacement")
@@ -101,6 +112,7 @@ def decode_settings(args):
         ngram_min=args.ngram_min,
         exit_layer=args.exit_layer,
         prediction=_prediction(args),
+        verify=args.verify,
     ).validate()
 
 
@@ -121,13 +133,14 @@ def load_from_args(args):
     from specdec.models.pair import load_pair
 
     return load_pair(args.pair, target=args.target, draft=args.draft, dtype=args.dtype, device=args.device,
-                     device_map=getattr(args, "device_map", None), progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     device_map=getattr(args, "device_map", None), draft_quant=getattr(args, "draft_quant", None),
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def cmd_generate(args) -> int:
     from specdec.loop.decoder import SpeculativeDecoder
     from specdec.loop.plain import plain_decode
-    from specdec.core.metrics import StepCosts
+    from specdec.core.metrics import StepCosts, time_breakdown
 
     settings = decode_settings(args)
     if args.tree:
@@ -164,6 +177,9 @@ def cmd_generate(args) -> int:
         "accepted_histogram": m.accepted_histogram,
         "stop_reason": dec.stop_reason,
         "models": pair.describe(),
+        "verify": settings.verify,
+        "time_ms": time_breakdown(dec.rounds, costs).to_dict()["total"],
+        "time_reading": time_breakdown(dec.rounds, costs).reading,
     }
     if baseline:
         summary.update(
@@ -205,9 +221,15 @@ def cmd_generate_tree(args, settings) -> int:
     dec = TreeDecoder(load_from_args(args), args.prompt, settings, widths, args.tree_mode)
     for _ in dec:
         pass
+    if args.trace:  # every round with its whole tree (docs/trace-schema.md, "Tree rounds")
+        from specdec.io.trace import dumps_trace
+        from specdec.loop.tree_display import TreeRun
+
+        Path(args.trace).write_text(dumps_trace(TreeRun(dec).record()), encoding="utf-8")
     text = dec.pair.tokenizer.decode(dec.generated_ids, skip_special_tokens=True)
     summary = {"text": text, "tokens": len(dec.generated_ids), "target_passes": len(dec.rounds),
                "tokens_per_pass": len(dec.generated_ids) / len(dec.rounds), "tree": widths, "tree_mode": args.tree_mode,
+               "drafter": settings.drafter,
                "nodes_per_tree": sum(r.tree.size for r in dec.rounds) / len(dec.rounds),
                "stop_reason": dec.stop_reason, "models": dec.pair.describe()}
     if args.json:
@@ -215,7 +237,7 @@ def cmd_generate_tree(args, settings) -> int:
         return 0
     print(text)
     print(f"-- {summary['tokens']} tokens in {summary['target_passes']} target passes "
-          f"({summary['tokens_per_pass']:.2f} per pass) with {args.tree_mode} trees {args.tree} "
+          f"({summary['tokens_per_pass']:.2f} per pass) with {settings.drafter} {args.tree_mode} trees {args.tree} "
           f"({summary['nodes_per_tree']:.1f} nodes each)", file=sys.stderr)
     return 0
 

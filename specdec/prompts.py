@@ -55,3 +55,106 @@ GROUNDED = [
         "the original lens and photographs of the wrecks.")},
 ]
 
+
+# A Spec-Bench-shaped suite (`python -m specdec bench --suite`): the six task kinds of Spec-Bench (multi-turn
+# conversation, translation, summarization, question answering, math reasoning, retrieval-augmented answers),
+# with prompts written for this project. Every entry is a chat (a list of messages); summarization and RAG carry
+# long inputs, as they do there.
+_HARBOR = (
+    "The harbor town of Velmar grew up around a natural inlet on the northern coast. For most of the eighteenth "
+    "century its economy rested on herring: every autumn the shoals came close to shore, and nearly every family "
+    "owned a share in a boat or worked in the salting sheds. In 1794 a storm destroyed the old wooden pier, and the "
+    "town council borrowed money from merchants in the capital to build a stone breakwater. The breakwater took "
+    "eleven years to finish and changed the town in ways nobody had planned. Larger ships could now shelter in the "
+    "inlet, and Velmar began to trade timber and iron ore from the inland valleys. By 1830 the herring fleet had "
+    "shrunk to a third of its old size, while the port handled four times as much cargo as before. The new trade "
+    "brought new people: dock workers from the south, clerks, and a small community of ship's carpenters who "
+    "built a yard at the eastern end of the harbor. The yard launched its first steamship in 1861. When the "
+    "railway reached Velmar in 1872, much of the ore traffic moved to the trains, and the port declined again. "
+    "The shipyard survived by repairing fishing boats, and the town slowly turned back toward the sea it had "
+    "started with. Today Velmar is known for its museum of maritime history, which occupies the old customs "
+    "house, and for a festival each September that celebrates the return of the herring."
+)
+_TRIAL = (
+    "A clinical trial tested whether a daily fifteen-minute walk after dinner lowers blood sugar in adults with "
+    "prediabetes. Two hundred and forty volunteers aged 40 to 70 were split at random into two groups. The walking "
+    "group was asked to walk at a comfortable pace within thirty minutes of finishing dinner; the control group "
+    "kept their usual habits. Both groups wore activity trackers, and their fasting glucose and HbA1c were "
+    "measured at the start, after three months and after six months. After six months the walking group's "
+    "average HbA1c had fallen from 6.1 to 5.8 percent, while the control group's had stayed at 6.1 percent. "
+    "Fasting glucose showed a smaller difference that was not statistically significant. About one in five "
+    "walkers stopped walking regularly after the second month, mostly citing bad weather or evening work; when "
+    "the researchers analysed only the people who kept walking, the fall in HbA1c was larger, 0.4 points. The "
+    "authors caution that the trial was not blinded, that participants knew their group, and that six months is "
+    "too short to say whether the walks prevent diabetes. They call for a longer trial with more varied "
+    "participants, since most volunteers were recruited from one city."
+)
+_DOCS = (
+    "[Document 1] The Orlen Library opens at 9:00 on weekdays and at 10:00 on Saturdays. It is closed on Sundays "
+    "and public holidays. Members may borrow up to twelve items at a time; the loan period is three weeks for "
+    "books and one week for films.\n"
+    "[Document 2] Late returns are charged 20 cents per item per day, up to a maximum of 6 dollars per item. "
+    "Members under 18 pay no late fees. Fees can be paid at the front desk or online through the member portal.\n"
+    "[Document 3] The library's reading room on the second floor is reserved for quiet study. Group study rooms on "
+    "the third floor can be booked for up to two hours per day through the member portal; bookings open seven "
+    "days in advance.\n"
+    "[Document 4] From March, the library will lend laptops for use inside the building. A laptop may be borrowed "
+    "for four hours with a valid membership card and must be returned to the front desk before closing.\n"
+    "[Document 5] The library's annual book sale takes place in the first week of June. Donations of books in good "
+    "condition are accepted at the front desk from January to April."
+)
+SUITE = {
+    "multi-turn": [
+        [{"role": "user", "content": "I'm planning a three-day trip to a city I've never visited. What should I "
+                                     "sort out before I go?"},
+         {"role": "assistant", "content": "Book where you will stay, check how you get from the station or "
+                                          "airport to it, look up the opening days of the places you most want "
+                                          "to see, and keep copies of your tickets and ID on your phone."},
+         {"role": "user", "content": "Good. Now make that into a short checklist I can print, with one line "
+                                     "per item."}],
+        [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome."},
+         {"role": "assistant", "content": "def is_palindrome(s):\n    cleaned = ''.join(c.lower() for c in s "
+                                          "if c.isalnum())\n    return cleaned == cleaned[::-1]"},
+         {"role": "user", "content": "Now add a docstring and two doctest examples to that function, and show "
+                                     "the whole function again."}],
+        [{"role": "user", "content": "What is the difference between weather and climate?"},
+         {"role": "assistant", "content": "Weather is what the atmosphere does over hours or days; climate is "
+                                          "the pattern of weather in a place over decades."},
+         {"role": "user", "content": "Explain it again for a ten-year-old, in three sentences."}],
+    ],
+    "translation": [
+        [{"role": "user", "content": "Translate into English: « Le train pour Lyon partira avec vingt minutes de "
+                                     "retard à cause d'un problème technique. Nous vous prions de nous excuser "
+                                     "pour la gêne occasionnée. »"}],
+        [{"role": "user", "content": "Translate into English: „Bitte schließen Sie die Fenster, bevor Sie das "
+                                     "Büro verlassen, und schalten Sie alle Geräte aus, die Sie nicht mehr "
+                                     "brauchen.“"}],
+        [{"role": "user", "content": "Translate into German: The museum is open every day except Monday, and "
+                                     "entry is free for children under twelve."}],
+    ],
+    "summarization": [
+        [{"role": "user", "content": f"Summarize this text in three sentences.\n\n{_HARBOR}"}],
+        [{"role": "user", "content": f"Summarize the findings of this study for a general reader, in four "
+                                     f"sentences.\n\n{_TRIAL}"}],
+    ],
+    "qa": [
+        [{"role": "user", "content": "Why does ice float on water?"}],
+        [{"role": "user", "content": "What does a compiler do, and how is it different from an interpreter?"}],
+        [{"role": "user", "content": "Name three causes of the fall of the Western Roman Empire."}],
+    ],
+    "math": [
+        [{"role": "user", "content": "A shop sells pencils at 3 for 75 cents. How much do 14 pencils cost? Reason "
+                                     "step by step."}],
+        [{"role": "user", "content": "A train leaves at 09:40 and arrives at 13:15. It stopped for 25 minutes on "
+                                     "the way. How long was it moving? Show your working."}],
+        [{"role": "user", "content": "Solve for x: 3(x - 4) + 7 = 2x + 5. Explain each step."}],
+    ],
+    "rag": [
+        [{"role": "user", "content": f"Answer using only the documents below. How long can I keep a film, and "
+                                     f"what happens if I return it four days late?\n\n{_DOCS}"}],
+        [{"role": "user", "content": f"Answer using only the documents below. Can I book a group study room for "
+                                     f"next Saturday afternoon, and for how long?\n\n{_DOCS}"}],
+        [{"role": "user", "content": f"Answer using only the text below: when did the railway reach Velmar and "
+                                     f"what did it change?\n\n{_HARBOR}"}],
+    ],
+}

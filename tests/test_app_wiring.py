@@ -61,7 +61,7 @@ def pg(tiny_pair, fast):
 
 def decisions(rounds) -> list[dict]:
     """Rounds without their wall-clock timings, which differ between two runs of the same decoding."""
-    timing = {"draft_ms", "verify_ms", "round_ms", "totals"}
+    timing = {"draft_ms", "verify_ms", "round_ms", "rule_ms", "cache_ms", "display_ms", "totals"}
     return [{k: v for k, v in r.to_dict().items() if k not in timing} for r in rounds]
 
 

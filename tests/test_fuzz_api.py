@@ -254,9 +254,14 @@ def playground_args(draw):
     args = [v["prompt"], v["chat"], v["gamma"], v["max_new"], v["temperature"], v["top_k"], v["top_p"], v["seed"],
             "tiny", "", "", draw(st.sampled_from(["model", "model", "ngram", "predicted"])),
             draw(st.sampled_from(["fixed", "heuristic", "confidence", "expected"])),
-            draw(st.sampled_from(["", "Hello world, hello", PAYLOADS[1]]))]
+            draw(st.sampled_from(["", "Hello world, hello", PAYLOADS[1]])),
+            # the token tree: off, or a shape (some refused: bad widths, too many nodes) and a mode
+            draw(st.sampled_from([False, False, True])), draw(st.sampled_from(["3,2,1", "2,2", "1", "9", "8,8", ""])),
+            draw(st.sampled_from(["top-k", "sampled", "distinct"])),
+            # the verification rule: block is refused on a tree (a message)
+            draw(st.sampled_from(["pq", "strict", "block"]))]
     # break some fields (none, one or several): the rest stays valid so the handlers, not just Gradio, get fuzzed
-    for i in draw(st.lists(st.integers(0, 13), max_size=3, unique=True)):
+    for i in draw(st.lists(st.integers(0, 17), max_size=3, unique=True)):
         if i == 0:
             args[i] = draw(texts)
         elif i == 1:
@@ -373,8 +378,9 @@ def test_fuzz_every_endpoint(fuzz_app, base_trace, tmp_path):
         return handle_file(str(path))
 
     # Fixed edge cases first: each is one call that must be answered with a message.
-    # all fourteen controls: a raw HTTP call (the fallback when gradio_client refuses NaN) must send every input
-    valid_args = ("Hello world", False, 4, 16, 0.7, 0, 1.0, 0, "tiny", "", "", "model", "fixed", "")
+    # all eighteen controls: a raw HTTP call (the fallback when gradio_client refuses NaN) must send every input
+    valid_args = ("Hello world", False, 4, 16, 0.7, 0, 1.0, 0, "tiny", "", "", "model", "fixed", "", False, "3,2,1",
+                  "top-k", "pq")
     fixed = [
         ("/generate", ("x" * 200_000,) + valid_args[1:]),
         ("/generate", ("Hello",) + valid_args[1:4] + (float("nan"),) + valid_args[5:]),
@@ -384,6 +390,11 @@ def test_fuzz_every_endpoint(fuzz_app, base_trace, tmp_path):
         ("/generate", valid_args[:11] + ("ngram", "confidence", "")),  # a refused combination: a message
         ("/generate", valid_args[:11] + ("predicted", "fixed", "")),  # the predicted drafter without a prediction
         ("/generate", (PAYLOADS[1],) + valid_args[1:]),
+        ("/generate", valid_args[:14] + (True, "3,x," + PAYLOADS[0], "top-k", "pq")),  # a bad tree shape: a message
+        ("/step", valid_args[:14] + (True, "2,1", "sampled", "strict")),  # a strict tree round
+        ("/generate", valid_args[:17] + ("lenient",)),  # an unknown verification rule: a message
+        ("/step", valid_args[:14] + (True, "2,1", "top-k", "block")),  # block on a tree: a message
+        ("/step", valid_args[:17] + ("block",)),  # a block-verified round
         ("/import_trace", (upload(json.dumps(base_trace).encode()),)),
         ("/export_trace", ()),
         ("/import_trace", (upload(b"\x00" * (21 * 2**20)),)),  # over the 20 MB trace limit

@@ -45,7 +45,7 @@ def test_doc_table_is_the_exported_shape():
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_export_has_the_documented_keys_and_types(records, drafter):
     out = sm.export(records[drafter])
-    assert set(out) == {"format", "source", "vllm", "prometheus", "log_line"}
+    assert set(out) == {"format", "source", "per_request", "vllm", "prometheus", "log_line"}
     assert set(out["vllm"]) == set(sm.FIELDS)
     for key, (typ, _) in sm.FIELDS.items():
         assert isinstance(out["vllm"][key], typ), key
@@ -119,3 +119,18 @@ def test_download_file(records, tmp_path):
     assert json.loads(path.read_text()) == json.loads(sm.dumps(records["model"]))
     assert server_metrics_file([]) is None
     assert json.loads(Path(server_metrics_file([records["ngram"]])).read_text())["source"]["drafter"] == "ngram"
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_per_request_shape_agrees_with_the_counters(records, drafter):
+    """The per-request record (acceptance histograms, per-step arrays) sums to the vLLM counters of the same run."""
+    out = sm.export(records[drafter])
+    pr, v = out["per_request"], out["vllm"]
+    assert pr["num_spec_steps"] == v["num_drafts"] == sum(pr["acceptance_histogram"].values())
+    assert pr["num_accepted_draft_tokens"] == v["num_accepted_tokens"]
+    assert sum(int(k) * n for k, n in pr["acceptance_histogram"].items()) == v["num_accepted_tokens"]
+    by_len = pr["acceptance_histogram_by_draft_length"]
+    assert sum(n for row in by_len.values() for n in row.values()) == pr["num_spec_steps"]
+    assert all(int(k) <= int(g) for g, row in by_len.items() for k in row)
+    assert pr["per_step"]["num_draft_tokens"] == [r.gamma for r in records[drafter].rounds if r.gamma > 0]
+    assert pr["mean_acceptance_length"] == pytest.approx(v["mean_acceptance_length"])

@@ -16,7 +16,7 @@ from typing import Callable
 import gradio as gr
 
 from components import batch as view
-from specdec.bench.batch import DEFAULT_BATCHES, MODES, format_table, load_result, run_batches
+from specdec.bench.batch import DEFAULT_BATCHES, MODES, format_table, load_result, parse_loops, run_batches
 from specdec.core.errors import InvalidInputError, SpecDecError, whole_number
 from specdec.models.pair import pair_lease
 
@@ -26,7 +26,10 @@ to arrive from memory, so scoring γ+1 tokens costs about one step and the draft
 requests in a batch the machine becomes compute-bound: the verification pass scores B×(γ+1) tokens and pays for
 every one, and the batch moves at the pace of its least-accepted row. This tab measures both loops — plain batched
 decoding and the batched speculative loop, same prompts, same padding — for several batch sizes on this machine,
-and draws the prediction from the measured pass costs beside the measurement.
+and draws the prediction from the measured pass costs beside the measurement. The **ragged** loop runs the same
+batch the way servers do: every row commits its own accepted guesses plus its own repair or bonus token, so no row
+waits for the slowest; with a **scheduled γ** it picks the draft length per batch size from the measured pass
+costs and turns speculation off where it stops paying.
 """
 
 RUN_NOTE = ("On a 2-core CPU the default pair takes minutes for the full sweep; a few batch sizes with 16 tokens "
@@ -45,7 +48,12 @@ def views(result: dict) -> tuple:
     """Everything the tab draws from one benchmark result."""
     ex = result.get("example") or {}
     return (view.batch_figure(result), view.crossover_reading(result), view.cost_figure(result),
-            view.render_batch_view(ex.get("rounds"), ex.get("prompts")), format_table(result))
+            view.render_both_views(ex), format_table(result))
+
+
+def loop_views(result: dict) -> tuple:
+    """The loops side by side: throughput and p90 latency per loop, and each request's pace in lockstep and ragged."""
+    return view.loop_figure(result), view.pace_figure(result.get("example"))
 
 
 def _example_caption(result: dict) -> str:
@@ -82,29 +90,33 @@ def check_inputs(batches, modes, gamma, max_new) -> tuple[list[int], list[str], 
     return bs, ms, g, n
 
 
+DEFAULT_LOOPS = ["lockstep", "ragged"]
+
+
 def run_handler(get_pair: Callable) -> Callable:
-    def run(batches, modes, gamma, max_new, progress=gr.Progress()):
-        skip = (gr.skip(),) * 6
+    def run(batches, modes, gamma, max_new, loops=None, progress=gr.Progress()):
+        skip = (gr.skip(),) * 8
         try:
             bs, ms, g, n = check_inputs(batches, modes, gamma, max_new)
+            lp = parse_loops(loops if loops is not None else DEFAULT_LOOPS)
             pair = get_pair()
             if pair is None:
                 return (_status("The models are still loading; press Run again once they are ready.", "warn"),
                         *skip)
             with pair_lease(pair):
                 result = run_batches(pair, bs, ms, g, n, repeats=1, log=lambda m: None,
-                                     progress=lambda f, d: progress(f, desc=d))
+                                     progress=lambda f, d: progress(f, desc=d), loops=lp)
         except SpecDecError as exc:
             return (_status(str(exc), "error"), *skip)
         fig, reading, cost, batch_html, table = views(result)
         return (_status(f"Measured in {result['seconds']:.0f} s on {result['device']}. " + _example_caption(result),
-                        "ok"), fig, reading, cost, batch_html, table, _save(result))
+                        "ok"), fig, reading, cost, batch_html, table, _save(result), *loop_views(result))
 
     return run
 
 
 def load_handler(path):
-    skip = (gr.skip(),) * 6
+    skip = (gr.skip(),) * 8
     if not path:
         return (gr.skip(), *skip)
     try:
@@ -114,7 +126,8 @@ def load_handler(path):
         return (_status(str(exc), "error"), *skip)
     except (KeyError, TypeError, ValueError) as exc:  # a file that parses but lacks fields
         return (_status(f"this batch benchmark file is incomplete or from another version ({exc})", "error"), *skip)
-    return (_status("Loaded. " + _example_caption(result), "ok"), fig, reading, cost, batch_html, table, gr.skip())
+    return (_status("Loaded. " + _example_caption(result), "ok"), fig, reading, cost, batch_html, table, gr.skip(),
+            *loop_views(result))
 
 
 def build_batch_tab(get_pair: Callable, allow_run: bool = True) -> dict:
@@ -128,6 +141,9 @@ def build_batch_tab(get_pair: Callable, allow_run: bool = True) -> dict:
                                      label="Sampling", elem_id="sdb-modes")
             gamma = gr.Slider(1, 8, 4, step=1, label="γ — draft tokens per round", elem_id="sdb-gamma")
             max_new = gr.Slider(2, 128, 16, step=1, label="New tokens per request", elem_id="sdb-max-new")
+            loops = gr.CheckboxGroup([("lockstep", "lockstep"), ("ragged", "ragged"),
+                                      ("ragged, γ scheduled by B", "scheduled")], value=DEFAULT_LOOPS,
+                                     label="Speculative loops (beside plain)", elem_id="sdb-loops")
             run_btn = gr.Button("Run on this machine", variant="primary", elem_id="sdb-run", visible=allow_run)
             gr.Markdown(RUN_NOTE if allow_run else "Runs are off here; load a JSON from `python -m specdec bench "
                         "--batch 1,2,4,8,16`.", elem_id="sdb-note")
@@ -139,13 +155,15 @@ def build_batch_tab(get_pair: Callable, allow_run: bool = True) -> dict:
             fig = gr.Plot(view.batch_figure(None), show_label=False, elem_id="sdb-figure")
             reading = gr.HTML(view.crossover_reading(None), css_template=view.BATCH_CSS, elem_id="sdb-reading")
             batch_html = gr.HTML(view.render_batch_view(None), css_template=view.BATCH_CSS, elem_id="sdb-view")
+            loop_fig = gr.Plot(view.loop_figure(None), show_label=False, elem_id="sdb-loop-figure")
+            pace = gr.Plot(view.pace_figure(None), show_label=False, elem_id="sdb-pace")
             cost = gr.Plot(view.cost_figure(None), show_label=False, elem_id="sdb-cost")
             with gr.Accordion("Table", open=False):
                 table = gr.Code("", language=None, elem_id="sdb-table", show_label=False)
-    outputs = [status, fig, reading, cost, batch_html, table, download]
-    run_btn.click(run_handler(get_pair), [batches, modes, gamma, max_new], outputs, api_name="batch_bench",
+    outputs = [status, fig, reading, cost, batch_html, table, download, loop_fig, pace]
+    run_btn.click(run_handler(get_pair), [batches, modes, gamma, max_new, loops], outputs, api_name="batch_bench",
                   concurrency_id="batch", concurrency_limit=1, show_progress="full")
     upload.upload(load_handler, [upload], outputs, api_name="batch_load", show_progress="hidden")
     return {"status": status, "figure": fig, "reading": reading, "cost": cost, "view": batch_html, "table": table,
             "run": run_btn, "upload": upload, "download": download, "batches": batches, "modes": modes,
-            "gamma": gamma, "max_new": max_new}
+            "gamma": gamma, "max_new": max_new, "loops": loops, "loop_figure": loop_fig, "pace": pace}

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import gradio as gr
 
 from specdec.drafters import check_combination
+from specdec.drafters.tree import TREE_MODES, check_widths
 from specdec.core.errors import InvalidInputError
 from specdec.core.sampling import SamplingConfig
-from specdec.core.settings import DRAFTER_LABELS, DRAFTERS, GAMMA_POLICIES, DecodeSettings
+from specdec.core.settings import DRAFTER_LABELS, DRAFTERS, GAMMA_POLICIES, VERIFY_LABELS, VERIFY_MODES, DecodeSettings
 
 from .loader import PairRequest, check_request
 
@@ -36,6 +37,11 @@ POLICY_LABELS = {
     "expected": "expected speedup",
 }
 POLICY_INFO = "how γ changes per round; \"expected\" follows timings, so it is not seed-reproducible"
+TREE_WIDTHS_DEFAULT = "3,2,1"
+TREE_INFO = ("each round drafts a tree and the target checks every node in one pass; γ and the γ policy are then "
+             "unused")
+TREE_WIDTHS_INFO = "children per node at each depth, e.g. 3,2,1 (at most 64 nodes)"
+TREE_MODE_INFO = "top-k: the likeliest ids (one-hot q); sampled: i.i.d. draws; distinct: draws without replacement"
 
 
 def drafter_choices() -> list[tuple[str, str]]:
@@ -44,6 +50,18 @@ def drafter_choices() -> list[tuple[str, str]]:
 
 def policy_choices() -> list[tuple[str, str]]:
     return [(POLICY_LABELS.get(p, p), p) for p in GAMMA_POLICIES]
+
+
+VERIFY_INFO = ("how the target checks the guesses; all three are exact (the round anatomy shows what the other two "
+               "would have kept)")
+
+
+def verify_choices() -> list[tuple[str, str]]:
+    return [(VERIFY_LABELS.get(m, m), m) for m in VERIFY_MODES]
+
+
+def tree_mode_choices() -> list[str]:
+    return list(TREE_MODES)
 
 
 # ------------------------------------------------------------------------------------------ components
@@ -96,7 +114,7 @@ class Slider(gr.Slider):
 
 @dataclass
 class Controls:
-    """The playground inputs, in the order app.py passes them (the last two are optional for API callers)."""
+    """The playground inputs, in the order app.py passes them (those after `draft` are optional for API callers)."""
 
     prompt: str
     chat: bool
@@ -112,6 +130,10 @@ class Controls:
     drafter: str = "model"
     gamma_policy: str = "fixed"
     prediction: str = ""  # the predicted drafter's expected output
+    tree: bool = False  # draft a token tree each round (TreeDecoder) instead of a chain
+    tree_widths: str = TREE_WIDTHS_DEFAULT  # children per node at each depth, "3,2,1"
+    tree_mode: str = "top-k"
+    verify: str = "pq"  # one of VERIFY_MODES
 
     def settings(self) -> DecodeSettings:
         """Checked settings, so bad input is refused before any model loads."""
@@ -122,9 +144,18 @@ class Controls:
                               sampling=sampling, seed=whole(self.seed, "seed"), chat=bool(self.chat),
                               drafter=choice(self.drafter, "drafter", DRAFTERS),
                               gamma_policy=choice(self.gamma_policy, "γ policy", GAMMA_POLICIES),
-                              prediction=self.prediction if self.prediction is not None else "").validate()
+                              prediction=self.prediction if self.prediction is not None else "",
+                              verify=choice(self.verify, "verification", VERIFY_MODES)).validate()
         check_combination(settings)  # e.g. the ngram drafter has no confidence to stop on
         return settings
+
+    def tree_shape(self) -> tuple[list[int], str] | None:
+        """(widths, mode) when token trees are on, None when off; a clear message for a bad shape or mode."""
+        if self.tree is None or self.tree is False:
+            return None
+        if self.tree is not True:
+            raise InvalidInputError(f"the token-tree switch must be true or false, got {_short(self.tree)}")
+        return parse_widths(self.tree_widths, choice(self.tree_mode, "tree mode", TREE_MODES))
 
     def check_prompt(self) -> None:
         if self.prompt is None:  # an API call without a prompt: the decoder says "the prompt is empty"
@@ -143,6 +174,22 @@ class Controls:
         req = PairRequest(self.pair or "default", (self.target or "").strip(), (self.draft or "").strip())
         check_request(req, allow_local)
         return req
+
+
+def parse_widths(text, mode: str) -> tuple[list[int], str]:
+    """"3,2,1" (commas or spaces) -> ([3, 2, 1], mode), checked by the engine's own rule (drafters.tree)."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        raise InvalidInputError("the tree widths are empty; enter children per depth, e.g. 3,2,1")
+    if not isinstance(text, str):
+        raise InvalidInputError(f"the tree widths must be text such as 3,2,1, got {_short(text)}")
+    parts = [t for t in text.replace(",", " ").split() if t]
+    widths = []
+    for t in parts:
+        if not (t.isascii() and t.isdigit()) or len(t) > 3:
+            raise InvalidInputError(f"the tree widths must be whole numbers separated by commas, e.g. 3,2,1; "
+                                    f"got {_short(text)}")
+        widths.append(int(t))
+    return check_widths(widths, mode), mode
 
 
 def choice(x, name: str, allowed: tuple[str, ...]) -> str:

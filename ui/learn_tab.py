@@ -260,6 +260,28 @@ def _css() -> str:
         return ""
 
 
+VERIFY_MODES_TEXT = (
+    "Three rules decide which guesses survive, and all three give exactly the target's text. **pq** keeps a guess x "
+    "with chance min(1, p(x)/q(x)); **strict** (what vLLM, TensorRT-LLM and llama.cpp do by default) lets the target "
+    "draw its own token and keeps the guess only if it is the same one, chance p(x); **block** judges the guesses "
+    "together and can keep a guess whose own test failed when a later one passed. With copied guesses (one-hot q) "
+    "or at temperature 0, pq and strict keep exactly as many. With a sampled draft, strict's chance is Σ p·q rather "
+    "than Σ min(p, q), so it falls fast as the temperature rises. The chart was measured on the same drafts for all "
+    "three rules; the round anatomy in the playground shows the three verdicts for every round.")
+
+
+def build_verify_modes() -> None:
+    """Section 7: the shipped measurement of the three rules against temperature (specdec.bench.verify_modes)."""
+    from components.charts import verify_modes_figure
+    from specdec.bench.verify_modes import load
+
+    gr.Markdown("### 7. Three exact ways to verify")
+    gr.Markdown(VERIFY_MODES_TEXT, elem_id="learn-verify-text")
+    shipped = load()
+    label, points = shipped if shipped else ("", [])
+    gr.Plot(verify_modes_figure(points, label), show_label=False, elem_id="learn-verify-plot")
+
+
 def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
     """Lay out the five Learn sections and wire their events; call inside `with gr.Tab("Learn"):`."""
     pair_name = os.environ.get("SPECDEC_PAIR", "default")
@@ -415,3 +437,6 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
 
     # 6. Break-even measured on this machine (ui/learn_extras.py) ------------------------------------------
     build_breakeven(recorded_rounds, get_pair)
+
+    # 7. Three exact rules ------------------------------------------------------------------------------------
+    build_verify_modes()

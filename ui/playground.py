@@ -19,13 +19,19 @@ import gradio as gr
 
 from components import empty_figure, pq_figure, render_model_status, render_phases, render_prompt, render_stats
 from components import render_status, speedup_figure
+from components.charts import acceptance_histogram_figure, time_breakdown_figure
+from components.tree import render_tree, tree_pq_figure
 from components.labels import (default_selection, describe_replay, describe_round, finished_message,
                                position_choices, progress_message, prompt_text, round_choices, stopped_message)
 from specdec.loop.decoder import SpeculativeDecoder
+from specdec.loop.tree import TreeDecoder
+from specdec.loop.tree_display import TreeRun
 from specdec.core.settings import encode_prompt
 from specdec.drafters.head import resolve_draft_vocab
-from specdec.core.errors import ModelLoadError, SpecDecError, TraceError
+from specdec.core.errors import InvalidInputError, ModelLoadError, SpecDecError, TraceError
 from specdec.core.record import PairInfo, RunRecord
+from specdec.core.metrics import time_breakdown
+from specdec.io import server_metrics
 from specdec.io.trace import dumps_trace, load_trace_file
 
 from . import gpu_run
@@ -43,6 +49,8 @@ DETACHED_STEP_MESSAGE = ("Step and Run to end are off on this ZeroGPU Space: the
                          "so a decoder cannot stay on it between clicks. Generate streams a whole run on the GPU; to "
                          "step round by round, run the app locally or on a CPU or dedicated-GPU Space.")
 AGAIN = " Press Generate or Reset to start over."
+DETACHED_TREE_MESSAGE = ("Token trees are off on this ZeroGPU Space: its runs decode in a GPU worker that only runs "
+                         "chains. Turn “Token tree” off, or run the app locally for tree rounds.")
 
 
 class Playground:
@@ -54,7 +62,7 @@ class Playground:
     """
 
     OUTPUTS = ("session", "status", "tokens", "phases", "stats", "pq_plot", "speed_plot", "round_dd", "pos_dd",
-               "text", "recorded", "model")
+               "text", "recorded", "model", "tree", "tree_plot", "time_plot", "hist_plot")
 
     def __init__(self, loader: PairLoader, startup: PairRequest, *, detached: bool = False, allow_local: bool = True):
         self.loader = loader
@@ -73,6 +81,8 @@ class Playground:
                                                    f"({time.time() - job.started:.0f} s)")
         info = PairInfo.of(job.pair)
         details = {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype}
+        if info.draft_quant:
+            details["draft weights"] = info.draft_quant
         head = resolve_draft_vocab(job.pair, None)  # the engine's rule for the default draft head
         if head:  # q is zero outside the draft's head: say so where the charts' q = 0 bars can be explained
             details["draft head"] = f"ids < {head} + EOS + the text's tokens"
@@ -93,16 +103,20 @@ class Playground:
         rounds = rec.rounds if rec is not None else []
         tokens = (render_prompt(prompt_text(rec.prompt)) if rec is not None else "") + "".join(session.round_html)
         if rounds and not charts:
-            pq = speed = round_dd = pos_dd = gr.skip()
+            pq = speed = round_dd = pos_dd = time_fig = hist_fig = gr.skip()
         elif rounds:
             r, p = default_selection(rounds[-1])
             pq = pq_figure(rounds[r], p)
             speed = speedup_figure(rounds, rec.costs)
+            time_fig = time_breakdown_figure(time_breakdown(rounds, rec.costs))
+            hist_fig = acceptance_histogram_figure(server_metrics.per_request(rec, detailed=False))
             round_dd = gr.Dropdown(choices=round_choices(rounds), value=r, interactive=True)
             pos_dd = gr.Dropdown(choices=position_choices(rounds[r]), value=p, interactive=True)
         else:
             pq = empty_figure("p vs q appears after the first round")
             speed = empty_figure("speedup appears after the first round")
+            time_fig = empty_figure("the time breakdown appears after the first round")
+            hist_fig = empty_figure("the acceptance histogram appears after the first round")
             round_dd = gr.Dropdown(choices=[], value=None, interactive=False)
             pos_dd = gr.Dropdown(choices=[], value=None, interactive=False)
         out = (
@@ -119,10 +133,25 @@ class Playground:
             # What the Learn tab reads: the runs on screen as RunRecords (today the one run of this session).
             ([rec] if rounds else []) if recorded else gr.skip(),
             self.model_badge(session.job),
+            *self.tree_view(rounds, len(rounds) - 1, charts),
+            time_fig,
+            hist_fig,
         )
         if rounds:
             session.ui_ms.append((time.perf_counter() - t0) * 1e3)
         return out
+
+    @staticmethod
+    def tree_view(rounds, r: int, charts: bool = True) -> tuple:
+        """(tree HTML, per-node chart) of round r: shown for a tree run, hidden for a chain run; with no rounds yet
+        the placeholders, visibility left to the Token tree switch."""
+        if not rounds:
+            return render_tree(None), tree_pq_figure(None) if charts else gr.skip()
+        rnd = rounds[r]
+        if rnd.tree is None:
+            return gr.HTML(visible=False), gr.Plot(visible=False) if charts else gr.skip()
+        html_ = gr.HTML(render_tree(rnd.tree, rnd.index, "".join(rnd.committed_pieces)), visible=True)
+        return html_, gr.Plot(tree_pq_figure(rnd.tree, rnd.index), visible=True) if charts else gr.skip()
 
     def error_view(self, session: Session, message: str) -> tuple:
         gr.Warning(message)
@@ -154,9 +183,16 @@ class Playground:
         """
         controls.check_prompt()
         settings = controls.settings()  # validate before any loading, so bad input fails at once
+        tree = controls.tree_shape()
+        if tree is not None and self.detached:
+            raise InvalidInputError(DETACHED_TREE_MESSAGE)
         job = yield from self.wait_for_pair(session, controls, run)
         if job is None or session.run_id != run:
             return None
+        if tree is not None:
+            widths, mode = tree
+            session.start(TreeRun(TreeDecoder(job.pair, controls.prompt, settings, widths, mode)), job)
+            return session.live_rounds(run)
         if not self.detached:
             session.start(SpeculativeDecoder(job.pair, controls.prompt, settings), job)
             return session.live_rounds(run)
@@ -359,6 +395,13 @@ class Playground:
             return gr.skip(), gr.skip(), gr.skip()
         r = min(max(int(r), 0), len(rounds) - 1)
         return self.select(session, r, default_selection(rounds[r])[1])
+
+    def select_tree(self, session: Session | None, r):
+        """Point the tree view at round r (the round dropdown); returns (tree HTML, per-node chart)."""
+        rounds = session.rounds if session else []
+        if not rounds or r is None or rounds[-1].tree is None:
+            return gr.skip(), gr.skip()
+        return self.tree_view(rounds, min(max(int(r), 0), len(rounds) - 1))
 
     def token_clicked(self, session: Session | None, evt: gr.EventData):
         data = getattr(evt, "_data", None) or {}

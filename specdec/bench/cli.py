@@ -31,8 +31,21 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     "by category (JSON to bench-results/overhead.json unless --out)")
     ap.add_argument("--predicted", action="store_true", help="light edits, the original text as the prediction: "
                     "predicted drafter vs plain and ngram (JSON to bench-results/predicted.json unless --out)")
+    ap.add_argument("--suite", action="store_true", help="the Spec-Bench-shaped suite: six task kinds, greedy, ours "
+                    "(model, ngram, auto) against transformers (assisted at its defaults and at γ 4, prompt lookup) "
+                    "and plain generate(); --kinds picks kinds, --quick one prompt each (JSON to "
+                    "bench-results/suite.json unless --out)")
+    ap.add_argument("--int8-draft", action="store_true", help="bf16 draft vs a weight-only int8 copy of it (reduced "
+                    "head 65,536 and 32,768 ids) vs plain target decoding, greedy, on code, prose, chat and grounded "
+                    "prompts (bf16 on the CPU; JSON to bench-results/int8.json unless --out)")
+    ap.add_argument("--verify-modes", action="store_true", help="pq, strict and block verification on the same "
+                    "drafts at temperatures 0, 0.3, 0.7 and 1 (JSON to assets/verify_modes.json unless --out)")
     ap.add_argument("--batch", default=None, help="e.g. 1,2,4,8,16: batched speculative vs plain batched decoding "
                     "per batch size (latency vs throughput; JSON to bench-results/batch.json unless --out)")
+    ap.add_argument("--loops", default=None, help="with --batch: comma list of lockstep,ragged,scheduled, the "
+                    "speculative loops measured beside plain batched decoding (default: all three)")
+    ap.add_argument("--gamma-max", type=int, default=None, help="with --batch: the longest draft the scheduled "
+                    "loop's γ-by-B table may choose (default 8)")
 
 
 def cmd_bench(args, load) -> int:
@@ -41,6 +54,12 @@ def cmd_bench(args, load) -> int:
         from specdec.bench.drafters import cmd_drafter_bench as cmd
     elif args.batch:  # batched decoding
         from specdec.bench.batch import cmd_batch_bench as cmd
+    elif args.suite:  # the Spec-Bench-shaped suite
+        from specdec.bench.suite import cmd_suite as cmd
+    elif args.int8_draft:  # the int8 draft against the bf16 one
+        from specdec.bench.int8 import cmd_int8_bench as cmd
+    elif args.verify_modes:  # the three verification rules on the same drafts
+        from specdec.bench.verify_modes import cmd_verify_modes as cmd
     elif args.predicted:  # predicted output on its own edit tasks
         from specdec.bench.predicted import cmd_predicted_bench as cmd
     elif args.overhead:  # per-round time outside the forward passes

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
+from specdec.core.tree_events import TreeRoundEvent
+from specdec.core.verify import ModeVerdict
+
 # What became of one draft position, decided once here and read by every renderer and statistic:
 ACCEPTED = "accepted"  # kept by the rule and committed to the text
 REJECTED = "rejected"  # the first guess the rule refused; the repair token took its place in the text
@@ -110,6 +113,15 @@ class Totals:
         return cls(**d)
 
 
+# What a guess's test probability is called under each rule (Round.accept_probs; core.verify's glossary).
+TEST_NAMES = {"pq": "min(1, p/q)", "strict": "p(x)", "block": "h"}
+RULE_HINTS = {
+    "pq": "keep it iff u < min(1, p/q), left to right",
+    "strict": "the target draws its own token; a guess is kept iff it is that token (u < p(x))",
+    "block": "test h per prefix; keep the longest prefix whose test passed (u < h)",
+}
+
+
 @dataclass
 class Round:
     index: int  # 0-based round number
@@ -119,8 +131,8 @@ class Round:
     draft_pieces: list[str]
     q_draft: list[float]  # q(x_i) of each draft token
     p_draft: list[float]  # p(x_i) of each draft token
-    accept_probs: list[float]  # min(1, p/q) per draft token
-    uniforms: list[float]  # u per draft token; kept iff u < accept prob (only the prefix up to a rejection counts)
+    accept_probs: list[float]  # each draft token's test: min(1, p/q) ("pq"), p(x) ("strict"), h_i ("block")
+    uniforms: list[float]  # u per draft token; its test passes iff u < accept prob (which guesses are kept: fates)
     n_accepted: int  # guesses the rule accepted (some may be cut: see fates / kept)
     rejected_at: int | None
     emitted_id: int  # the repaired token (after a rejection) or the bonus token (all kept)
@@ -135,11 +147,22 @@ class Round:
     draft_ms: float
     verify_ms: float
     round_ms: float = 0.0  # whole round wall time: draft + verify + bookkeeping and building this event
+    # Where the rest of the round went (0 in older traces): the rule itself, rolling both caches back (and the
+    # drafter's feedback), and building this event (top-k candidates, decoded pieces).
+    rule_ms: float = 0.0
+    cache_ms: float = 0.0
+    display_ms: float = 0.0
     totals: Totals = field(default_factory=Totals)
     stop_reason: str | None = None  # a core.stop.StopReason ("eos" / "max_new_tokens") on the final round
     top_k: int = 8  # candidates q_top / p_top / residual_top carry per position (fewer: the rest is 0; 0: none kept)
     note: DraftNote | None = None  # where the guesses came from (None: the draft model, for older traces)
     asked: int | None = None  # guesses the gamma policy asked for (None in older traces: read as gamma)
+    verify: str = "pq"  # the rule that judged the guesses (core.verify.VERIFY_MODES; older traces: "pq")
+    # What each rule would have kept from the same guesses and the same uniforms (empty when not computed).
+    same_draft: list[ModeVerdict] = field(default_factory=list)
+    # A tree round: the whole token tree with what the rule read at every node. The chain fields above then hold
+    # its accepted path (plus the last refused child before a repair) as the guesses.
+    tree: TreeRoundEvent | None = None
 
     @property
     def fates(self) -> list[str]:
@@ -156,6 +179,16 @@ class Round:
         """Guesses the rule decided on within the committed text (kept ones plus a committed rejection)."""
         f = self.fates
         return f.count(ACCEPTED) + f.count(REJECTED)
+
+    @property
+    def test_name(self) -> str:
+        """What accept_probs holds under this round's rule: min(1, p/q), p(x) or h."""
+        return TEST_NAMES.get(self.verify, "accept prob")
+
+    def passed(self, i: int) -> bool:
+        """Whether guess i's own test passed (u < its accept prob). Under block verification a guess whose test
+        failed is still kept when a later test passed; which guesses are kept is `fates`."""
+        return self.uniforms[i] < self.accept_probs[i]
 
     @property
     def drafter(self) -> str:
@@ -178,4 +211,6 @@ class Round:
         data["residual_top"] = tp(d["residual_top"]) if d.get("residual_top") is not None else None
         data["totals"] = Totals.from_dict(d.get("totals") or {})
         data["note"] = DraftNote(**d["note"]) if d.get("note") else None
+        data["tree"] = TreeRoundEvent.from_dict(d["tree"]) if d.get("tree") else None
+        data["same_draft"] = [ModeVerdict(**v) for v in d.get("same_draft") or []]
         return cls(**data)

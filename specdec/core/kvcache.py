@@ -39,6 +39,11 @@ def rollback_cache() -> DynamicCache:
     return DynamicCache()
 
 
+def _apply(hidden: torch.Tensor, rows) -> torch.Tensor:
+    """hidden @ rows.T for a weight tensor, or rows(hidden) for a quantized head's row subset."""
+    return torch.nn.functional.linear(hidden, rows) if isinstance(rows, torch.Tensor) else rows(hidden)
+
+
 class ReducedHead:
     """The last projection of a drafting model restricted to some vocabulary ids: every id below `cut`, plus the ids
     added with `keep` (EOS, every token of the prompt and the committed text). Logits of the other ids are -inf, so
@@ -54,13 +59,19 @@ class ReducedHead:
         self.extra_ids: list[int] = []
         self._extra_set: set[int] = set()
         self.columns: torch.Tensor | None = None  # the vocabulary ids a reduced head scores, in order (None: all)
+        self._rows = None
         if 0 < cut < vocab_size:
             if model.config.model_type not in PLAIN_HEAD_TYPES:
                 raise ValueError(f"a reduced draft vocabulary is not supported for {model.config.model_type} models")
             self.cut = cut
-            weight = model.get_output_embeddings().weight
-            self.weight = weight[:cut]  # a view: no copy of the projection
-            self.extra_weight = weight[:0]
+            out = model.get_output_embeddings()
+            # A quantized head (models.quant.Int8Linear) gives its own row subsets, applied by calling them.
+            self._rows = getattr(out, "select_rows", None)
+            if self._rows:
+                self.weight, self.extra_weight = self._rows(slice(0, cut)), self._rows(slice(0, 0))
+            else:
+                self.weight = out.weight[:cut]  # a view: no copy of the projection
+                self.extra_weight = out.weight[:0]
             self.columns = torch.arange(cut, device=self.device)
             self.keep(always_keep)
 
@@ -79,14 +90,16 @@ class ReducedHead:
             # cumulative sum as one over the full row.
             self.extra_ids = sorted(self.extra_ids + list(new))
             self._extra_index = torch.tensor(self.extra_ids, device=self.device)
-            self.extra_weight = self.model.get_output_embeddings().weight.index_select(0, self._extra_index)
+            out = self.model.get_output_embeddings()
+            self.extra_weight = (self._rows(self._extra_index) if self._rows
+                                 else out.weight.index_select(0, self._extra_index))
             self.columns = torch.cat([torch.arange(self.cut, device=self.device), self._extra_index])
 
     def project(self, hidden: torch.Tensor, all_columns: bool = True) -> torch.Tensor:
         """Logits [..., V] for final hidden states [..., d] (-inf outside the kept ids); all_columns=False gives
         only the scored columns, [..., len(self.columns)]."""
-        head = torch.nn.functional.linear(hidden, self.weight)
-        extra = torch.nn.functional.linear(hidden, self.extra_weight) if self.extra_ids else None
+        head = _apply(hidden, self.weight)
+        extra = _apply(hidden, self.extra_weight) if self.extra_ids else None
         if not all_columns:
             return head if extra is None else torch.cat([head, extra], -1)
         logits = torch.full((*hidden.shape[:-1], self.vocab_size), float("-inf"), dtype=hidden.dtype,

@@ -158,3 +158,84 @@ def running_speedup(rounds: list[Round], baseline_ms_per_token: float) -> list[f
         ms += r.round_ms or (r.draft_ms + r.verify_ms)
         out.append(toks * baseline_ms_per_token / ms if ms else 0.0)
     return out
+
+
+PHASES = ("draft", "verify", "rule", "cache", "display", "other")  # where a round's milliseconds go
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """A round's (or a run's) wall time split by phase, in ms: the drafter, the target's scoring pass, the rule,
+    rolling the caches back, building the display event, and whatever else the round spent (the rest)."""
+
+    draft: float = 0.0
+    verify: float = 0.0
+    rule: float = 0.0
+    cache: float = 0.0
+    display: float = 0.0
+    other: float = 0.0
+
+    @classmethod
+    def of(cls, r: Round) -> "PhaseTimes":
+        named = r.draft_ms + r.verify_ms + r.rule_ms + r.cache_ms + r.display_ms
+        return cls(r.draft_ms, r.verify_ms, r.rule_ms, r.cache_ms, r.display_ms, max(0.0, r.round_ms - named))
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, k) for k in PHASES)
+
+    def __add__(self, other: "PhaseTimes") -> "PhaseTimes":
+        return PhaseTimes(*(getattr(self, k) + getattr(other, k) for k in PHASES))
+
+
+def break_even_alpha(gamma: float, c: float) -> float | None:
+    """The per-token acceptance at which speculation with gamma guesses and cost ratio c only ties plain
+    decoding (predicted_speedup = 1); None when even alpha = 1 loses ((gamma + 1) / (gamma c + 1) <= 1)."""
+    if gamma <= 0 or predicted_speedup(1.0, gamma, c) <= 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_speedup(mid, gamma, c) < 1.0 else (lo, mid)
+    return hi
+
+
+@dataclass
+class TimeBreakdown:
+    rounds: list[PhaseTimes]
+    total: PhaseTimes
+    plain_ms: list[float] | None  # per round: what plain decoding would have paid for the same tokens
+    reading: str  # one line: the cost ratio, the acceptance, and the break-even acceptance
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def time_breakdown(rounds: list[Round], costs: StepCosts | None = None,
+                   baseline_ms_per_token: float | None = None) -> TimeBreakdown:
+    """Where a run's milliseconds went, round by round, beside the plain steps it competes with."""
+    per = [PhaseTimes.of(r) for r in rounds]
+    total = sum(per, PhaseTimes())
+    base = baseline_ms_per_token or (costs.target_ms if costs and costs.target_ms else None)
+    plain = [base * len(r.committed_ids) for r in rounds] if base else None
+    return TimeBreakdown(per, total, plain, _reading(rounds, costs, total, plain))
+
+
+def _reading(rounds: list[Round], costs: StepCosts | None, total: PhaseTimes, plain: list[float] | None) -> str:
+    if not rounds:
+        return "no rounds yet"
+    m = summarize(rounds, costs)
+    c = m.c_loop if m.c_loop is not None else m.c_plain
+    if c is None or m.mean_gamma <= 0:
+        return f"{100 * m.alpha:.0f} % of guesses survive; no draft cost measured (nothing was drafted)"
+    need = break_even_alpha(m.mean_gamma, c)
+    head = (f"the draft costs {c:.2f} of a target step per guess and {100 * m.alpha:.0f} % of guesses survive: ")
+    if need is None:
+        verdict = f"at γ {m.mean_gamma:.1f} no acceptance can break even"
+    else:
+        side = "above" if m.alpha >= need else "below"
+        verdict = f"break-even needs {100 * need:.0f} % at γ {m.mean_gamma:.1f}, so this run is {side} it"
+    if plain:
+        spent, would = total.total, sum(plain)
+        verdict += f" ({spent / 1e3:.2f} s spent vs {would / 1e3:.2f} s of plain steps for the same tokens)"
+    return head + verdict

@@ -30,11 +30,12 @@ class PairInfo:
     device: str = "cpu"
     dtype: str = "float32"
     vocab_size: int = 0
+    draft_quant: str = ""  # the draft's weight quantization ("int8"); "": none
 
     @classmethod
     def of(cls, pair: "ModelPair") -> "PairInfo":
         return cls(pair.name, pair.target_id, pair.draft_id, str(pair.device),
-                   str(pair.dtype).replace("torch.", ""), pair.vocab_size)
+                   str(pair.dtype).replace("torch.", ""), pair.vocab_size, getattr(pair, "draft_quant", ""))
 
     @property
     def label(self) -> str:

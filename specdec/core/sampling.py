@@ -107,6 +107,17 @@ def stack_rows(rows: list[Probs], dim: int = 0) -> Probs:
     return torch.stack([dense(r) for r in rows], dim)
 
 
+def cat_rows(parts: list[Probs]) -> Probs:
+    """torch.cat along the rows for distributions [n_i, V] -> [sum n_i, V]: all one-hot parts stay ids; any dense
+    part makes the whole dense (one-hot rows written out as 0/1 float32 rows), e.g. a draft whose first guesses
+    were copied (one-hot q) and whose last ones a model sampled (its warped q)."""
+    if not parts:
+        raise ValueError("cat_rows needs at least one part")
+    if all(isinstance(q, OneHot) for q in parts):
+        return OneHot(torch.cat([q.ids for q in parts]), parts[0].vocab)
+    return torch.cat([dense(q).to(torch.float32) for q in parts], 0)
+
+
 def distribution(logits: torch.Tensor, cfg: SamplingConfig) -> Probs:
     """What a model samples from: float32 probabilities over the last dim after temperature, top-k, then top-p;
     greedy's one-hot rows kept as OneHot ids. The engine's one warp, for the draft's q and the target's p alike.

@@ -22,11 +22,20 @@ GAMMA_POLICIES = ("fixed", "heuristic", "confidence", "expected")
 SEED_REPRODUCIBLE_POLICIES = ("fixed", "heuristic", "confidence")
 # Who proposes the guesses (specdec/drafters/): the draft model, n-gram prompt lookup, the target's own first
 # layers (self-speculative early exit), a draft model with another tokenizer whose text is re-tokenized, or a
-# text the user expects the output to be (predicted output).
-DRAFTERS = ("model", "ngram", "early-exit", "cross", "predicted")
+# text the user expects the output to be (predicted output), or "auto": a copy after a strong n-gram match, else
+# (and past the copy) the draft model (drafters/hybrid.py).
+DRAFTERS = ("model", "ngram", "early-exit", "cross", "predicted", "auto")
 # How people read a drafter's name: the one table every view uses (dropdowns, race lanes, the break-even map).
 DRAFTER_LABELS = {"model": "draft model", "ngram": "n-gram lookup", "early-exit": "early exit",
-                  "cross": "cross-tokenizer", "predicted": "predicted output"}
+                  "cross": "cross-tokenizer", "predicted": "predicted output", "auto": "hybrid (copy, else model)"}
+# How the target checks the guesses (core.verify): "pq" keeps a guess x with probability min(1, p(x)/q(x)) and
+# repairs from normalize(max(0, p - q)) (Leviathan et al.); "strict" draws the target's own token at each position
+# and keeps a guess only if it is that token (the default of vLLM's strict sampler, TensorRT-LLM, llama.cpp);
+# "block" verifies the guesses jointly (Sun et al. 2024), keeping at least as many as "pq" in expectation.
+# All three are exact; with a one-hot q (greedy, copied text) "pq" and "strict" keep a guess equally often.
+VERIFY_MODES = ("pq", "strict", "block")
+VERIFY_LABELS = {"pq": "min(1, p/q) per token", "strict": "strict (target samples, guess must match)",
+                 "block": "block (joint over the draft)"}
 MAX_PREDICTION_CHARS = 100_000
 MAX_NGRAM = 8
 
@@ -48,6 +57,7 @@ class DecodeSettings:
     ngram_min: int = 1  # ngram: shortest suffix worth copying from
     exit_layer: int = 0  # early-exit: the target's first k layers draft; 0 = a quarter of its layers
     prediction: str = ""  # predicted: the text the output is expected to be (drafts from it)
+    verify: str = "pq"  # one of VERIFY_MODES
 
     def validate(self) -> "DecodeSettings":
         whole_number(self.gamma, "gamma (draft length)", 1, MAX_GAMMA)
@@ -70,6 +80,8 @@ class DecodeSettings:
         # Only the empty string: whitespace can be the expected output (an indentation-only edit).
         if self.drafter == "predicted" and not self.prediction:
             raise InvalidInputError("the 'predicted' drafter needs a prediction: the text you expect the output to be")
+        if self.verify not in VERIFY_MODES:
+            raise InvalidInputError(f"verification must be one of {', '.join(VERIFY_MODES)}, got {self.verify!r}")
         self.sampling.validate()
         return self
 

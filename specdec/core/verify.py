@@ -1,11 +1,38 @@
-"""The speculative sampling rule (Leviathan et al. 2022; Chen et al. 2023). Pure tensor math, no models, no I/O.
+"""The speculative sampling rules. Pure tensor math, no models, no I/O.
 
-For each draft token x_i, left to right, keep it with probability min(1, p_i(x_i) / q_i(x_i)). At the first
-rejection, emit a token drawn from normalize(max(0, p_i - q_i)); if all gamma pass, emit a bonus token from p_gamma.
-Since min(p, q) + (1 - sum min(p, q)) * normalize(max(0, p - q)) = p, every emitted token is distributed exactly as
-the target would have sampled it.
+Glossary (shapes for a batch of B rounds of g guesses over a vocabulary of V ids):
+- x_i, draft_tokens [B, g]: the guesses, left to right.
+- q_i, draft_probs [B, g, V]: the warped distribution guess i was drawn from (OneHot when it was chosen
+  deterministically: greedy drafts, copied text).
+- p_i, target_probs [B, g+1, V]: the target's distribution, warped the same way, after the committed text and
+  after each guess; row g gives the bonus.
+- n, n_accepted [B]: how many leading guesses are kept; exactly one more token (repair or bonus) follows them.
+- u, uniforms [B, g]: the draws that decided; the `uniforms=` seam replays given ones (u = 0 forces a keep where
+  the keep probability is > 0, u = 1 forces a rejection).
 
-`verify_batch` is the only implementation of the rule in the project; `verify` is its single-round view.
+Three modes, each exact -- the emitted text is distributed as the target's own sampling:
+- "pq" (Leviathan et al. 2022; Chen et al. 2023): keep x_i with probability min(1, p_i(x_i) / q_i(x_i)), left to
+  right; at the first rejection emit a token from normalize(max(0, p_i - q_i)); if all g pass, a bonus from p_g.
+  Since min(p, q) + (1 - sum min(p, q)) * normalize(max(0, p - q)) = p, every emitted token follows p.
+- "strict" (the default of vLLM's strict sampler, TensorRT-LLM without rejection sampling, llama.cpp): the target
+  draws its own token y_i ~ p_i at each position and a guess survives only if x_i = y_i; at the first mismatch
+  y_i is emitted. Drawing y ~ p and comparing is, in law, keeping x with probability p(x) and otherwise drawing
+  from p with x removed -- the "pq" rule with q replaced by a one-hot q on the guess -- and that is how it runs
+  here, so its u reads as the other modes' do. A guess x ~ q survives with probability sum_x q(x) p(x) rather than
+  pq's sum_x min(p(x), q(x)); with a one-hot q (greedy drafts, copied text) the two keep a guess equally often.
+- "block" (Sun et al. 2024, "Block verification accelerates speculative decoding", arXiv 2403.10444): the
+  guesses are judged jointly. With w_0 = 1 and w_i = min(1, w_{i-1} p_{i-1}(x_i) / q_{i-1}(x_i)) (the weight of
+  the prefix x_1..x_i), s_i = sum_x max(0, w_i p_i(x) - q_i(x)), and h_i = s_i / (s_i + 1 - w_i) for i < g,
+  h_g = w_g, keep n = the largest i with u_i < h_i (0 if none), then emit a token from
+  normalize(max(0, w_n p_n - q_n)) -- or from p_g when n = g. Proof sketch: by induction from the last position,
+  the probability that the block keeps a prefix that continues x_1..x_i, together with the residual mass left at
+  i, adds up to w_i times the target's probability of x_1..x_i over the draft's; w_0 = 1 then says the emitted
+  sequence follows p. The weight w_i can recover after a poor guess (a later guess that the target likes more
+  than the draft raises it), so a guess that pq would have rejected can still be kept; the paper proves the
+  expected number kept is at least pq's for every draft and target, and the most any valid verifier of the block
+  can keep.
+
+`verify_batch` is the only implementation of the rules in the project; `verify` is its single-round view.
 """
 
 from __future__ import annotations
@@ -17,14 +44,16 @@ import torch
 
 from specdec.core.sampling import OneHot, Probs, dense, prob_at, sample, take_rows, zero_rows
 
+VERIFY_MODES = ("pq", "strict", "block")  # the same names as core.settings.VERIFY_MODES
+
 
 @dataclass
 class Verdict:
     tokens: list[int]  # emitted this round: the accepted prefix plus exactly one repaired or bonus token
     n_accepted: int
     rejected_at: int | None  # index of the first rejected draft token, None when all were kept
-    accept_probs: torch.Tensor  # [gamma] min(1, p/q) at each drafted token
-    uniforms: torch.Tensor  # [gamma] the u drawn at each position; position i is kept iff u_i < accept_probs_i
+    accept_probs: torch.Tensor  # [gamma] each position's test: min(1, p/q) (pq), p(x) (strict), h_i (block)
+    uniforms: torch.Tensor  # [gamma] the u drawn at each position; its test passes iff u_i < accept_probs_i
     residual: Probs | None  # [V] normalize(max(0, p - q)) at the rejected position, None for a bonus
     final_dist: Probs  # [V] the distribution the last emitted token was drawn from (residual or p)
 
@@ -37,9 +66,10 @@ class Verdict:
 class BatchVerdict:
     n_accepted: torch.Tensor  # [B]
     next_token: torch.Tensor  # [B] the repaired or bonus token
-    accept_probs: torch.Tensor  # [B, gamma]
+    accept_probs: torch.Tensor  # [B, gamma] each position's test (see Verdict.accept_probs)
     uniforms: torch.Tensor  # [B, gamma]
     final_dist: Probs  # [B, V]
+    weights: torch.Tensor | None = None  # [B, gamma + 1] block mode's w_0..w_g, None in the other modes
 
 
 def accept_ratio(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +103,32 @@ def residual_distribution(p: Probs, q: Probs) -> Probs:
     return torch.where(mass > 1e-12, r.div_(mass.clamp_min(1e-38)), p)
 
 
+def block_tests(draft_tokens: torch.Tensor, draft_probs: Probs, target_probs: Probs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's weights w [B, g+1] (w_0 = 1) and tests h [B, g] (see the module docstring)."""
+    b, g = draft_tokens.shape
+    q, p = dense(draft_probs).double(), dense(target_probs).double()
+    p_x, q_x = prob_at(p, draft_tokens), prob_at(q, draft_tokens)
+    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(1e-300), (p_x > 0).double() * float("inf"))
+    w = [torch.ones(b, dtype=torch.float64, device=p.device)]
+    for i in range(g):
+        w.append(torch.clamp(w[-1] * ratio[:, i], max=1.0))
+    w = torch.stack(w, 1)  # [B, g+1]
+    s = (w[:, 1:g, None] * p[:, 1:g] - q[:, 1:g]).clamp_min(0.0).sum(-1)  # [B, g-1]: s_1..s_{g-1}
+    denom = s + 1.0 - w[:, 1:g]
+    h_inner = torch.where(denom > 1e-15, s / denom.clamp_min(1e-300), torch.ones_like(s))  # w_i = 1: keep going
+    h = torch.cat([h_inner, w[:, g:]], 1) if g else w[:, :0]
+    return w, h
+
+
+def kept_count(passed: torch.Tensor, mode: str) -> torch.Tensor:
+    """How many guesses are kept [B] from which tests passed [B, g]: the leading run of passes ("pq", "strict"),
+    or the last position whose test passed ("block": the longest prefix the block accepts), 0 if none."""
+    if mode != "block":
+        return passed.long().cumprod(-1).sum(-1)
+    g = passed.shape[-1]
+    return (passed.long() * torch.arange(1, g + 1, device=passed.device)).amax(-1) if g else passed.long().sum(-1)
+
+
 def verify_batch(
     draft_tokens: torch.Tensor,
     draft_probs: Probs,
@@ -80,29 +136,44 @@ def verify_batch(
     generator: torch.Generator | None = None,
     repair: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = residual_distribution,
     uniforms: torch.Tensor | None = None,
+    mode: str = "pq",
 ) -> BatchVerdict:
-    """Run the rule on B independent rounds at once: shapes [B, g], [B, g, V], [B, g+1, V] (or OneHot [B, g],
-    [B, g+1]).
+    """Run one of the rules on B independent rounds at once: shapes [B, g], [B, g, V], [B, g+1, V] (or OneHot
+    [B, g], [B, g+1]).
 
     `repair` exists so teaching tools and tests can swap in a *wrong* repair and watch exactness fail; the
     engine always uses the residual. `uniforms` ([B, g]) replays given draws instead of fresh ones, e.g. to
     re-run a recorded round or to force an accept (u = 0) or a reject (u = 1).
     """
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verification mode must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
     b, g = draft_tokens.shape
-    a = acceptance_probs(draft_tokens, draft_probs, target_probs)
+    if mode == "strict":  # the target's own draw decides: pq against a one-hot q on each guess (docstring)
+        draft_probs = OneHot(draft_tokens, target_probs.shape[-1])
+    weights = None
+    if mode == "block":
+        weights, tests = block_tests(draft_tokens, draft_probs, target_probs)
+        a = tests.float()
+    else:
+        a = acceptance_probs(draft_tokens, draft_probs, target_probs)
     u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype) if uniforms is None else uniforms.to(a)
-    kept = u < a
-    n_acc = kept.long().cumprod(-1).sum(-1)  # length of the leading run of kept tokens
+    n_acc = kept_count(u < a, mode)
     p_next = take_rows(target_probs, n_acc)
     # A zero q row after the last draft makes the bonus a special case of the repair: residual(p, 0) = p.
     if g:
         q_next = zero_rows(take_rows(draft_probs, n_acc.clamp_max(g - 1)), n_acc == g)
     else:
         q_next = OneHot(torch.full((b,), -1, device=draft_tokens.device), p_next.shape[-1])
-    if repair is not residual_distribution:  # teaching repairs read dense rows
+    if repair is not residual_distribution or mode == "block":  # teaching repairs and block's weights read dense rows
         p_next, q_next = dense(p_next), dense(q_next)
-    final = repair(p_next, q_next)
-    return BatchVerdict(n_acc, sample(final, generator), a, u, final)
+    if mode == "block":  # block's residual normalize(max(0, w_n p_n - q_n)); w_g = 1 is not needed: q_g = 0
+        w_n = weights.gather(1, n_acc[:, None]).to(p_next.dtype)
+        p_next = torch.where(n_acc[:, None] == g, p_next, p_next * w_n)
+        final = repair(p_next, q_next)
+        final = final / final.sum(-1, keepdim=True).clamp_min(1e-38)
+    else:
+        final = repair(p_next, q_next)
+    return BatchVerdict(n_acc, sample(final, generator), a, u, final, weights)
 
 
 def verify(
@@ -111,9 +182,10 @@ def verify(
     target_probs: Probs,
     generator: torch.Generator | None = None,
     uniforms: torch.Tensor | None = None,
+    mode: str = "pq",
 ) -> Verdict:
     """One round: draft_tokens [g], draft_probs [g, V] (q, post-warp), target_probs [g+1, V] (p, same warp);
-    either may be OneHot."""
+    either may be OneHot. `mode` is one of VERIFY_MODES."""
     g = draft_tokens.shape[0]
     if draft_probs.shape[0] != g or target_probs.shape[0] != g + 1 or draft_probs.shape[-1] != target_probs.shape[-1]:
         raise ValueError(
@@ -121,7 +193,7 @@ def verify(
             f"{tuple(draft_probs.shape)} and {tuple(target_probs.shape)}"
         )
     u = None if uniforms is None else uniforms[None]
-    bv = verify_batch(draft_tokens[None], draft_probs[None], target_probs[None], generator, uniforms=u)
+    bv = verify_batch(draft_tokens[None], draft_probs[None], target_probs[None], generator, uniforms=u, mode=mode)
     n = int(bv.n_accepted[0])
     return Verdict(
         tokens=draft_tokens[:n].tolist() + [int(bv.next_token[0])],
@@ -132,3 +204,38 @@ def verify(
         residual=bv.final_dist[0] if n < g else None,
         final_dist=bv.final_dist[0],
     )
+
+
+@dataclass
+class ModeVerdict:
+    """What one rule decides on a given draft with given uniforms (the repair token itself is left undrawn)."""
+
+    mode: str
+    tests: list[float]  # [g] each position's test probability under this rule
+    n_accepted: int
+    expected: float = 0.0  # guesses this rule keeps on average from this draft, over fresh uniforms
+
+
+def expected_kept(tests: torch.Tensor, mode: str) -> float:
+    """E[guesses kept | the draft] from its tests [g] with independent uniforms: sum_k prod_{j<=k} a_j for the
+    leading-run rules, sum_k k h_k prod_{j>k} (1 - h_j) for block."""
+    a = tests.double()
+    g = a.shape[0]
+    if mode != "block":
+        return float(a.cumprod(0).sum())
+    later = torch.cat([(1 - a).flip(0).cumprod(0).flip(0)[1:], a.new_ones(1)]) if g else a
+    return float(sum((k + 1) * a[k] * later[k] for k in range(g)))
+
+
+def same_draft_verdicts(draft_tokens: torch.Tensor, draft_probs: Probs, target_probs: Probs,
+                        uniforms: torch.Tensor) -> list[ModeVerdict]:
+    """Every rule's verdict on one round's draft [g], q [g, V], p [g+1, V] with the same uniforms [g]: what pq,
+    strict and block would have kept from the same guesses and the same draws."""
+    out = []
+    for mode in VERIFY_MODES:
+        q = OneHot(draft_tokens, target_probs.shape[-1]) if mode == "strict" else draft_probs
+        tests = block_tests(draft_tokens[None], q[None], target_probs[None])[1][0] if mode == "block" else \
+            acceptance_probs(draft_tokens[None], q[None], target_probs[None])[0]
+        n = int(kept_count((uniforms.to(tests) < tests)[None], mode)[0])
+        out.append(ModeVerdict(mode, tests.float().tolist(), n, expected_kept(tests, mode)))
+    return out

@@ -6,7 +6,8 @@ probability p(x) and repairs from p with x removed, which is exact at any temper
 nothing (tokens of length 0): the round is then a plain target step (its "bonus" token is drawn from p).
 `make_drafter` picks one by `DecodeSettings.drafter`: "model" (model.py), "ngram" (prompt lookup, ngram.py),
 "early-exit" (the target's first layers, early_exit.py), "cross" (a draft with another tokenizer, cross.py),
-"predicted" (the user's expected output, predicted.py).
+"predicted" (the user's expected output, predicted.py), "auto" (a copy after a strong n-gram match, else the
+draft model, hybrid.py).
 Every drafter works with every warp and gamma policy, except the pairs in REFUSED (ngram and predicted have no
 confidence).
 """
@@ -58,6 +59,13 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
     if settings.drafter == "model":
         return DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
                                  resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
+    if settings.drafter == "auto":
+        from specdec.drafters.hybrid import HybridDrafter
+
+        model = DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
+                                  resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
+        return HybridDrafter(model, pair.vocab_size, pair.device, settings.ngram_max, settings.ngram_min,
+                             pair.eos_token_ids)
     if settings.drafter == "ngram":
         from specdec.drafters.ngram import NgramDrafter
 

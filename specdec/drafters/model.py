@@ -44,13 +44,15 @@ class DraftModelDrafter:
         self.confidence_threshold = confidence_threshold
         self._head_synced = 0  # committed[:_head_synced] are already in the reduced head
 
-    def propose(self, committed, gamma, cfg, gen) -> Draft:
+    def propose(self, committed, gamma, cfg, gen, after: list[int] = ()) -> Draft:
+        """`after`: guesses already made for the first positions (e.g. copied by the hybrid drafter), which the
+        draft continues; they are fed with the committed tail, and the next sync drops the ones not committed."""
         self.lm.keep_in_head(committed[self._head_synced :])
         self._head_synced = len(committed)
         # The first step feeds every committed token the cache lacks (the whole prompt in round one, two tokens
         # after a bonus), so the draft catches up without an extra forward pass.
         lm = self.lm
-        tokens, rows = draft_chain(lm.logits_after(committed, all_columns=False)[-1],
+        tokens, rows = draft_chain(lm.logits_after(list(committed) + list(after), all_columns=False)[-1],
                                    lambda prev: lm.feed([int(prev)], all_columns=False)[-1],
                                    gamma, cfg, gen, lm.columns, lm.vocab_size, self.confidence_threshold)
         return Draft(torch.stack(tokens), stack_rows(rows), DraftNote("model"))

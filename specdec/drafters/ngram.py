@@ -12,6 +12,10 @@ verification pass, so weak guesses are not free even though drafting them is.
 The proposal is a deterministic function of the committed text, so q is one-hot on it: verification keeps a guess x
 with probability p(x) and repairs from p with x removed, which is exact at every temperature. No match means no
 draft: the round is a plain target step.
+
+`propose_tree` drafts a token tree instead (tree rounds, `loop.tree`): what followed EVERY earlier match becomes a
+branch (`find_continuations`: longer matches first, the most recent first among equally long ones, so the first
+branch is the chain's proposal), merged where branches agree; still one-hot on every node.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.core.events import DraftNote
+from specdec.core.tree import TokenTree
 from specdec.drafters.base import Draft, no_draft, one_hot_draft
+from specdec.drafters.tree import branch_tree
 
 
 def find_continuation(seq: np.ndarray, n_max: int, n_min: int, gamma: int) -> tuple[int, int, list[int]] | None:
@@ -55,6 +61,43 @@ def find_continuation(seq: np.ndarray, n_max: int, n_min: int, gamma: int) -> tu
         k = src + j
         out.append(int(seq[k]) if k < length else out[k - length])
     return src, n, out
+
+
+MAX_BRANCH_SCAN = 256  # find_continuations reads at most this many earlier matches (a common token recurs often)
+
+
+def find_continuations(seq: np.ndarray, n_max: int, n_min: int, depth: int,
+                       limit: int = MAX_BRANCH_SCAN) -> list[tuple[int, int, list[int]]]:
+    """Every earlier match of the suffix of `seq`, as find_continuation's (source_start, match_len, proposal) with
+    proposals of `depth` tokens: the longest matches (capped at n_max) first, the most recent first among equally
+    long ones -- so the first entry is find_continuation's answer -- at most `limit` of them, none shorter than
+    n_min."""
+    length = len(seq)
+    if length < 2:
+        return []
+    ends = np.flatnonzero(seq[: length - 1] == seq[length - 1])
+    if ends.size == 0:
+        return []
+    match = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for d in range(1, min(n_max, length - 1)):
+        back = ends - d
+        alive &= back >= 0
+        alive[alive] &= seq[back[alive]] == seq[length - 1 - d]
+        match += alive
+    match = np.minimum(match, n_max)
+    keep = match >= n_min
+    ends, match = ends[keep], match[keep]
+    order = np.lexsort((-ends, -match))[:limit]  # match length descending, then the most recent first
+    out = []
+    for i in order:
+        src = int(ends[i]) + 1
+        toks: list[int] = []
+        for j in range(depth):
+            k = src + j
+            toks.append(int(seq[k]) if k < length else toks[k - length])
+        out.append((src, int(match[i]), toks))
+    return out
 
 
 STRONG_MATCH = 3  # a match this long (or n_max, if smaller) copies the full gamma
@@ -101,14 +144,25 @@ class NgramDrafter:
             self._len = n
         return self._buf[:n]
 
+    def lookup(self, committed: list[int], gamma: int) -> tuple[int, int, list[int]] | None:
+        """find_continuation on `committed`: (source_start, match_len, gamma tokens) or None."""
+        return find_continuation(self._sync(committed), self.n_max, self.n_min, gamma)
+
     def propose(self, committed, gamma, cfg, gen) -> Draft:
-        found = find_continuation(self._sync(committed), self.n_max, self.n_min, gamma)
+        found = self.lookup(committed, gamma)
         if found is None:
             return no_draft(self.vocab_size, self.device, DraftNote("ngram", one_hot=True))
         src, n, tokens = found
         tokens = tokens[: copy_length(n, self.n_max, gamma)]
         return one_hot_draft(tokens, self.vocab_size, self.device,
                              DraftNote("ngram", one_hot=True, source_start=src, match_len=n), self.eos)
+
+    def propose_tree(self, committed, depth, budget, cfg, gen) -> TokenTree:
+        """A tree of the continuations of every earlier match (see the module docstring), each branch as long as
+        `copy_length` allows for its match, at most `budget` nodes; empty when nothing matches."""
+        found = find_continuations(self._sync(committed), self.n_max, self.n_min, depth)
+        branches = [toks[: copy_length(n, self.n_max, depth)] for _, n, toks in found]
+        return branch_tree(branches, budget, self.vocab_size, self.device, self.eos)
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         pass

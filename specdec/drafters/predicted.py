@@ -21,6 +21,11 @@ Each round's DraftNote ("predicted") says where in the prediction the guesses ca
 round carried straight on from the previous one, or the length of the output suffix that re-aligned the pointer
 after a departure. A round that found no place to rejoin carries neither; one at the end of the prediction proposes
 nothing and has source_start = the prediction's length.
+
+`propose_tree` drafts a token tree for tree rounds (`loop.tree`): its first branch is the chain's proposal (the
+prediction from the pointer on), then come the prediction after every other place where the output's last
+tokens occur in it (`realign_all`: longer matches first, then the nearest at or after the pointer, then the
+nearest before it), merged where they agree; one-hot on every node.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import numpy as np
 
 from specdec.core.errors import InvalidInputError
 from specdec.core.events import DraftNote
+from specdec.core.tree import TokenTree
 from specdec.drafters.base import Draft, no_draft, one_hot_draft
+from specdec.drafters.tree import branch_tree
 
 
 def tokenize_prediction(tokenizer, text: str) -> list[int]:
@@ -72,6 +79,30 @@ def realign(pred: np.ndarray, suffix: np.ndarray, n_max: int, n_min: int, anchor
     nxt = ends[match >= n] + 1  # ascending
     after = nxt[nxt >= anchor]
     return (int(after[0]) if after.size else int(nxt[-1])), n
+
+
+def realign_all(pred: np.ndarray, suffix: np.ndarray, n_max: int, n_min: int, anchor: int) -> list[tuple[int, int]]:
+    """Every place the output could rejoin the prediction, as realign's (next index, match length), best first:
+    longer matches (up to n_max, at least n_min) first; among equally long ones those at or after `anchor` in
+    ascending order, then those before it, nearest first. realign's answer is the first entry."""
+    n_cap = min(n_max, len(suffix))
+    if n_cap < n_min or len(pred) < 2:
+        return []
+    ends = np.flatnonzero(pred[: len(pred) - 1] == suffix[-1])
+    if ends.size == 0:
+        return []
+    match = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for d in range(1, n_cap):
+        back = ends - d
+        alive &= back >= 0
+        alive[alive] &= pred[back[alive]] == suffix[-1 - d]
+        match += alive
+    out = []
+    for n in range(min(int(match.max()), n_cap), n_min - 1, -1):
+        nxt = ends[match == n] + 1  # ascending
+        out += [(int(i), n) for i in nxt[nxt >= anchor]] + [(int(i), n) for i in nxt[nxt < anchor][::-1]]
+    return out
 
 
 class PredictedDrafter:
@@ -126,6 +157,22 @@ class PredictedDrafter:
                             DraftNote("predicted", one_hot=True, source_start=start, match_len=matched))
         return one_hot_draft(tokens, self.vocab_size, self.device,
                              DraftNote("predicted", one_hot=True, source_start=start, match_len=matched), self.eos)
+
+    def propose_tree(self, committed, depth, budget, cfg, gen) -> TokenTree:
+        """The chain's proposal as the first branch, then the prediction after every other match of the output's
+        last tokens (see the module docstring); at most `budget` nodes, empty when nothing matches."""
+        starts: list[int] = []
+        following = self._follow(committed)
+        anchor = self._ptr if following else self._anchor
+        if following:
+            starts.append(self._ptr)
+        tail = np.asarray(committed[-self.n_max :], dtype=np.int64)
+        found = realign_all(self.pred, tail, self.n_max, self.n_min, anchor)
+        if self._ptr is None and found:
+            self._ptr = found[0][0]  # rejoined, as propose does
+        starts += [i for i, _ in found]
+        branches = [self.pred[i : i + depth].tolist() for i in dict.fromkeys(starts)]
+        return branch_tree(branches, budget, self.vocab_size, self.device, self.eos)
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         pass  # the pointer is moved in propose, from the committed text itself

@@ -8,15 +8,24 @@ How children are chosen decides the q each child carries (see `core.tree`), so e
 - "distinct": draws without replacement from d: q is d with the earlier siblings removed and renormalized
   (Sequoia's SpecTree); a node has fewer children when d has fewer ids.
 A chain is widths (1, 1, ...).
+
+Copy drafters (ngram, predicted) build trees of their own with `propose_tree(committed, depth, budget, cfg, gen)`
+(the `TreeDrafter` protocol): every distinct continuation they find becomes a branch (`branch_tree`), each child
+chosen deterministically, so q is one-hot on every node. For them a widths shape only bounds the tree
+(`copy_tree_bounds`: its length is the depth, its node count the budget); where the branches split follows the
+text.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.kvcache import CachedLM
-from specdec.core.sampling import OneHot, SamplingConfig, dense, distribution, sample
+from specdec.core.sampling import OneHot, SamplingConfig, cat_rows, dense, distribution, sample
+from specdec.core.stop import cut_at_stop
 from specdec.core.tree import ROOT, TokenTree
 
 TREE_MODES = ("top-k", "sampled", "distinct")
@@ -95,6 +104,53 @@ def draft_tree(lm: CachedLM, committed: list[int], widths: list[int], mode: str,
 
 def _rows(qs: list):
     """q rows [1, V] each, stacked to [n, V] (one-hot rows stay ids)."""
-    if all(isinstance(q, OneHot) for q in qs):
-        return OneHot(torch.cat([q.ids for q in qs]), qs[0].vocab)
-    return torch.cat([dense(q) for q in qs], 0)
+    return cat_rows(qs)
+
+
+# ------------------------------------------------------------------------------------------------ copy trees
+
+COPY_TREE_DRAFTERS = ("ngram", "predicted")  # drafters with propose_tree; "model" trees come from draft_tree
+
+
+class TreeDrafter(Protocol):
+    def propose_tree(self, committed: list[int], depth: int, budget: int, cfg: SamplingConfig,
+                     gen: torch.Generator | None) -> TokenTree:
+        """A tree of at most `budget` nodes and `depth` levels that would follow `committed` (may be empty)."""
+
+
+def copy_tree_bounds(widths: list[int]) -> tuple[int, int]:
+    """(depth, node budget) a widths shape allows a copy tree: its length and its node count (at most
+    MAX_TREE_NODES), e.g. 4,1,1,1 -> depth 4, 16 nodes: room for four branches of four tokens."""
+    nodes, level = 0, 1
+    for w in widths:
+        level *= w
+        nodes += level
+    return len(widths), min(nodes, MAX_TREE_NODES)
+
+
+def branch_tree(branches, budget: int, vocab_size: int, device, stop_ids=()) -> TokenTree:
+    """The trie of `branches` (token lists, best first) as a TokenTree with a one-hot q on every node.
+
+    A branch that starts like an earlier one shares its nodes and splits where it differs, so siblings are
+    distinct tokens, tried in the order their branches came. Each branch ends after the first of `stop_ids`
+    (nothing after an end of text could be committed). Nodes are added until `budget` is spent: the last branch
+    that fits only partly keeps its first tokens, and later ones are left out.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for branch in branches:
+        node = ROOT
+        for t in cut_at_stop([int(t) for t in branch], stop_ids)[0]:
+            nxt = child.get((node, t))
+            if nxt is None:
+                if len(tokens) >= budget:
+                    break
+                nxt = child[(node, t)] = len(tokens)
+                tokens.append(t)
+                parents.append(node)
+            node = nxt
+        if len(tokens) >= budget:
+            break
+    ids = torch.tensor(tokens, dtype=torch.long, device=device)
+    return TokenTree(ids, parents, OneHot(ids, vocab_size))

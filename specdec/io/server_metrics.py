@@ -21,8 +21,10 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from specdec.core.errors import InvalidInputError, short_repr
 from specdec.core.events import ACCEPTED
 from specdec.core.record import RunRecord
 
@@ -74,6 +76,7 @@ def export(record: RunRecord) -> dict[str, Any]:
     }
     return {
         "format": FORMAT,
+        "per_request": per_request(record),
         "source": {"run": record.display_label, "pair": record.pair.label, "drafter": record.settings.drafter,
                    "gamma_policy": record.settings.gamma_policy, "rounds": len(record.rounds),
                    "rounds_without_draft": len(record.rounds) - drafts, "created": record.created},
@@ -81,6 +84,96 @@ def export(record: RunRecord) -> dict[str, Any]:
         "prometheus": prometheus_samples(c),
         "log_line": log_line(out),
     }
+
+
+def per_request(record: RunRecord, detailed: bool = True) -> dict[str, Any]:
+    """The run as one request's acceptance record, the shape per-request reporting uses (vLLM's
+    `--per-request-spec-decode-metrics summary|detailed`, normalized by AIPerf's SpecDecodeAcceptanceRecord):
+    the acceptance-length histogram {kept guesses: steps} (sparse, without the bonus token), the same split by
+    draft length, and with `detailed` the ordered per-step arrays."""
+    steps = [r for r in record.rounds if r.gamma > 0]
+    hist: dict[int, int] = {}
+    by_len: dict[int, dict[int, int]] = {}
+    for r in steps:
+        hist[r.kept] = hist.get(r.kept, 0) + 1
+        row = by_len.setdefault(r.gamma, {})
+        row[r.kept] = row.get(r.kept, 0) + 1
+    drafted, kept = sum(r.gamma for r in steps), sum(r.kept for r in steps)
+    out: dict[str, Any] = {
+        "num_spec_steps": len(steps),
+        "num_draft_tokens": drafted,
+        "num_accepted_draft_tokens": kept,
+        "mean_acceptance_length": 1.0 + kept / len(steps) if steps else 1.0,
+        "draft_acceptance_rate": kept / drafted if drafted else None,
+        "acceptance_histogram": {str(k): hist[k] for k in sorted(hist)},
+        "acceptance_histogram_by_draft_length": {str(g): {str(k): v[k] for k in sorted(v)}
+                                                 for g, v in sorted(by_len.items())},
+    }
+    if detailed:
+        out["per_step"] = {"num_draft_tokens": [r.gamma for r in steps],
+                           "num_accepted_tokens": [r.kept for r in steps]}
+    return out
+
+
+@dataclass
+class ServerAcceptance:
+    """A vLLM server's spec-decode counters read from a /metrics scrape, summed over its label sets."""
+
+    num_drafts: float
+    num_draft_tokens: float
+    num_accepted_tokens: float
+    accepted_per_pos: list[float]  # position 0, 1, ...
+    label_sets: int  # how many (model, engine) series were summed
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def per_position_rate(self) -> list[float]:
+        return [n / self.num_drafts for n in self.accepted_per_pos] if self.num_drafts else []
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+MAX_SCRAPE_CHARS = 2_000_000
+
+
+def parse_scrape(text: str) -> ServerAcceptance:
+    """Read vLLM's spec-decode counters from Prometheus text (a `curl .../metrics` scrape) with prometheus_client's
+    parser; a clear InvalidInputError when the text is not Prometheus text or has no spec-decode counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInputError("paste a vLLM server's /metrics text (Prometheus format) first")
+    if len(text) > MAX_SCRAPE_CHARS:
+        raise InvalidInputError(f"the scrape is {len(text):,} characters; the limit is {MAX_SCRAPE_CHARS:,}")
+    totals = {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
+    per_pos: dict[int, float] = {}
+    labels: set = set()
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")
+                if not name.startswith(PROM_PREFIX) or sample.name.endswith("_created"):
+                    continue
+                key = name[len(PROM_PREFIX):]
+                rest = {k: v for k, v in sample.labels.items() if k != "position"}
+                labels.add(tuple(sorted(rest.items())))
+                if key == "num_accepted_tokens_per_pos" and "position" in sample.labels:
+                    pos = int(sample.labels["position"])
+                    per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
+                elif key in totals:
+                    totals[key] += sample.value
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise InvalidInputError(f"this is not Prometheus text that can be read: {short_repr(str(exc))}") from None
+    if not labels:
+        raise InvalidInputError("no vllm:spec_decode_* counters in this scrape: was speculative decoding on?")
+    n_pos = max(per_pos) + 1 if per_pos else 0
+    return ServerAcceptance(totals["num_drafts"], totals["num_draft_tokens"], totals["num_accepted_tokens"],
+                            [per_pos.get(i, 0.0) for i in range(n_pos)], len(labels))
 
 
 def prometheus_samples(c: dict[str, Any]) -> dict[str, float]:

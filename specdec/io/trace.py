@@ -23,13 +23,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from specdec.core.errors import InvalidInputError, TraceError, whole_number
 from specdec.core.events import DraftNote, Round
 from specdec.core.metrics import StepCosts
 from specdec.core.record import PairInfo, RunRecord
 from specdec.core.sampling import SamplingConfig
 from specdec.core.stop import StopReason
-from specdec.core.settings import DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, DecodeSettings
+from specdec.core.verify import kept_count
+from specdec.core.settings import DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, VERIFY_MODES, DecodeSettings
+from specdec.core.tree_events import (BONUS, Q_KINDS, REPAIR, TREE_ACCEPTED, TREE_FATES, TREE_UNTRIED, TreeNodeView,
+                                      TreeRoundEvent)
 
 SCHEMA = "specdec.trace"
 # 2: rounds may draft nothing (gamma 0), carry top_k and a draft note; totals count committed guesses.
@@ -187,6 +192,8 @@ def _check_setting_types(s: DecodeSettings) -> None:
         raise TraceError(f"'settings.gamma_policy' must be one of {choices}, got {_short(s.gamma_policy)}")
     if not isinstance(s.drafter, str) or s.drafter not in DRAFTERS:
         raise TraceError(f"'settings.drafter' must be one of {', '.join(DRAFTERS)}, got {_short(s.drafter)}")
+    if not isinstance(s.verify, str) or s.verify not in VERIFY_MODES:
+        raise TraceError(f"'settings.verify' must be one of {', '.join(VERIFY_MODES)}, got {_short(s.verify)}")
     numbers = {"confidence_threshold": s.confidence_threshold, "sampling.temperature": s.sampling.temperature,
                "sampling.top_p": s.sampling.top_p}
     for name, value in numbers.items():
@@ -306,7 +313,8 @@ def _check_prompt(p):
 
 ROUND_KEYS = tuple(f.name for f in fields(Round))
 OPTIONAL_ROUND_KEYS = {"round_ms": 0.0, "totals": None, "stop_reason": None, "top_k": 8, "note": None,
-                       "asked": None}  # added later
+                       "asked": None, "tree": None, "verify": "pq", "same_draft": [],
+                       "rule_ms": 0.0, "cache_ms": 0.0, "display_ms": 0.0}  # added later
 TOTALS_INTS = ("rounds", "generated", "drafted", "kept", "accepted", "tested", "target_passes")  # accepted: v1/v2
 NOTE_INTS = ("source_start", "match_len", "layers", "total_layers")
 TOTALS_FLOATS = ("draft_ms", "verify_ms", "elapsed_ms")
@@ -341,7 +349,8 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
         raise TraceError(f"{where} is missing {', '.join(repr(k) for k in missing)}")
     _whole(d["index"], f"{where}.index", 0)
     _whole(d["position"], f"{where}.position", 0)
-    g = _whole(d["gamma"], f"{where}.gamma", 0, MAX_GAMMA)  # 0: the drafter had nothing to propose
+    # 0: the drafter had nothing to propose; a tree round's chain (its accepted path) may be deeper than MAX_GAMMA
+    g = _whole(d["gamma"], f"{where}.gamma", 0, MAX_GAMMA if d.get("tree") is None else MAX_TREE_NODES)
     _token_ids(d["draft_ids"], f"{where}.draft_ids", vocab, length=g)
     _strings(d["draft_pieces"], f"{where}.draft_pieces", g)
     for key in ("q_draft", "p_draft", "accept_probs", "uniforms"):
@@ -358,7 +367,7 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
     if d["residual_top"] is not None:
         _top_list(d["residual_top"], f"{where}.residual_top", vocab)
     _check_committed(d, where, n, vocab)
-    for key in ("draft_ms", "verify_ms", "round_ms"):
+    for key in ("draft_ms", "verify_ms", "round_ms", "rule_ms", "cache_ms", "display_ms"):
         if key in d:
             _duration(d[key], f"{where}.{key}")
     if d.get("totals") is not None:
@@ -369,6 +378,9 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
         _check_note(d["note"], f"{where}.note")
     if d.get("asked") is not None and _whole(d["asked"], f"{where}.asked", 1, MAX_GAMMA) < g:
         raise TraceError(f"{where}.asked is {d['asked']}, fewer than the {g} tokens drafted (gamma)")
+    if d.get("tree") is not None:
+        _check_tree(d["tree"], f"{where}.tree", vocab, d)
+    _check_same_draft(d.get("same_draft"), f"{where}.same_draft", g)
     stop = d.get("stop_reason")
     if stop is not None and stop not in STOP_REASONS:
         raise TraceError(f"{where}.stop_reason must be null, 'eos' or 'max_new_tokens', got {_short(stop)}")
@@ -381,17 +393,39 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
         raise TraceError(f"{where} could not be read: {exc}") from exc
 
 
+def _check_same_draft(rows, where: str, g: int) -> None:
+    """What each rule would have kept from the same draft: a list of {mode, tests [g], n_accepted}."""
+    if rows is None:
+        return
+    if not isinstance(rows, list) or len(rows) > len(VERIFY_MODES):
+        raise TraceError(f"{where} must be a list of at most {len(VERIFY_MODES)} verdicts, got {_short(rows)}")
+    for i, v in enumerate(rows):
+        at = f"{where}[{i}]"
+        if not isinstance(v, dict) or not {"mode", "tests", "n_accepted"} <= set(v) <= {"mode", "tests",
+                                                                                      "n_accepted", "expected"}:
+            raise TraceError(f"{at} must be an object with mode, tests, n_accepted and (optionally) expected")
+        if "expected" in v and not (_is_number(v["expected"]) and 0 <= v["expected"] <= g):
+            raise TraceError(f"{at}.expected must be a number from 0 to {g}, got {_short(v['expected'])}")
+        if v["mode"] not in VERIFY_MODES:
+            raise TraceError(f"{at}.mode must be one of {', '.join(VERIFY_MODES)}, got {_short(v['mode'])}")
+        _probs(v["tests"], f"{at}.tests", g)
+        _whole(v["n_accepted"], f"{at}.n_accepted", 0, g)
+
+
 def _check_verdict(d: dict, where: str, n: int, g: int) -> None:
-    """The recorded outcome must follow from the recorded draws: kept iff u < min(1, p/q), left to right."""
-    kept_prefix = 0
-    for u, a in zip(d["uniforms"], d["accept_probs"]):
-        if not u < a:
-            break
-        kept_prefix += 1
-    if kept_prefix != n:
+    """The recorded outcome must follow from the recorded draws under the round's rule (core.verify.kept_count):
+    a test passes iff u < accept prob; pq and strict keep the leading run of passes, block the longest prefix
+    whose last test passed."""
+    mode = d.get("verify", "pq")
+    if not isinstance(mode, str) or mode not in VERIFY_MODES:
+        raise TraceError(f"{where}.verify must be one of {', '.join(VERIFY_MODES)}, got {_short(mode)}")
+    passed = torch.tensor([u < a for u, a in zip(d["uniforms"], d["accept_probs"])], dtype=torch.bool)
+    kept = int(kept_count(passed[None], mode)[0])
+    if kept != n:
+        rule = "the last passing test" if mode == "block" else "a token is kept iff u < accept prob"
         raise TraceError(
-            f"{where}.n_accepted is {n}, but its uniforms and accept_probs keep the first {kept_prefix} "
-            "draft tokens (a token is kept iff u < accept prob)"
+            f"{where}.n_accepted is {n}, but its uniforms and accept_probs keep the first {kept} "
+            f"draft tokens under {mode} verification ({rule})"
         )
     rejected = d["rejected_at"]
     if rejected is not None and (not _is_int(rejected) or rejected != n or n == g):
@@ -454,6 +488,128 @@ def _check_note(n, where: str) -> None:
     if n.get("draft_pieces") is not None:
         pieces = n["draft_pieces"]
         _strings(pieces, f"{where}.draft_pieces", len(pieces) if isinstance(pieces, list) else -1)
+
+
+MAX_TREE_NODES = 256  # nodes a trace's tree round may hold (the engine drafts at most 64)
+TREE_KEYS = tuple(f.name for f in fields(TreeRoundEvent))
+TREE_NODE_KEYS = tuple(f.name for f in fields(TreeNodeView))
+TREE_TRIED_KEYS = ("r", "accept_prob", "uniform")
+ACCEPT_SLACK = 1e-3  # recorded keep chances vs min(1, r / q) recomputed from the recorded (rounded) r and q
+
+
+def _check_tree(t, where: str, vocab: int | None, rnd: dict) -> None:
+    """A tree round's `tree` object: well-formed nodes, a walk that follows from its own draws, and the same
+    accepted path and emitted token as the round's chain fields."""
+    if not isinstance(t, dict):
+        raise TraceError(f"{where} must be a JSON object or null, got {_kind(t)}")
+    missing = [k for k in TREE_KEYS if k not in t and k != "n_committed"]
+    if missing:
+        raise TraceError(f"{where} is missing {', '.join(repr(k) for k in missing)}")
+    _string(t["mode"], f"{where}.mode")
+    if not isinstance(t["widths"], list):
+        raise TraceError(f"{where}.widths must be a list of whole numbers >= 1, got {_kind(t['widths'])}")
+    for i, w in enumerate(t["widths"]):
+        _whole(w, f"{where}.widths[{i}]", 1, MAX_TREE_NODES)
+    if t["q_kind"] not in Q_KINDS:
+        raise TraceError(f"{where}.q_kind must be one of {', '.join(Q_KINDS)}, got {_short(t['q_kind'])}")
+    nodes = t["nodes"]
+    if not isinstance(nodes, list) or len(nodes) > MAX_TREE_NODES:
+        raise TraceError(f"{where}.nodes must be a list of at most {MAX_TREE_NODES} nodes, got {_describe_list(nodes)}")
+    for i, n in enumerate(nodes):
+        _check_tree_node(n, f"{where}.nodes[{i}]", i, nodes, vocab)
+    fates = [n["fate"] for n in nodes]
+    path = _tree_node_list(t["path"], f"{where}.path", len(nodes))
+    steps = _tree_node_list(t["steps"], f"{where}.steps", len(nodes))
+    if len(set(steps)) != len(steps):
+        raise TraceError(f"{where}.steps tries a node twice: {_short(steps)}")
+    tried = {i for i, f in enumerate(fates) if f != TREE_UNTRIED}
+    if set(steps) != tried:
+        raise TraceError(f"{where}.steps {_short(steps)} must list exactly the nodes whose fate is not 'untried'")
+    # The walk from the root: children in order until one is accepted, then that child's children, ...
+    walk, node = [], -1
+    while True:
+        kids = [i for i, n in enumerate(nodes) if n["parent"] == node]
+        nxt = None
+        for k in kids:
+            walk.append(k)
+            if fates[k] == TREE_ACCEPTED:
+                nxt = k
+                break
+        if nxt is None:
+            break
+        node = nxt
+    if walk != steps:
+        raise TraceError(f"{where}.steps is {_short(steps)}, but walking the tree by its fates tries {_short(walk)}")
+    accepted = [i for i in walk if fates[i] == TREE_ACCEPTED]
+    if path != accepted:
+        raise TraceError(f"{where}.path is {_short(path)}, but the accepted nodes of the walk are {_short(accepted)}")
+    kind = t["emitted_kind"]
+    if kind not in (REPAIR, BONUS):
+        raise TraceError(f"{where}.emitted_kind must be '{REPAIR}' or '{BONUS}', got {_short(kind)}")
+    leaf = not any(n["parent"] == node for n in nodes)
+    if (kind == BONUS) != leaf:
+        raise TraceError(f"{where}.emitted_kind is '{kind}', but the walk ends at a node "
+                         f"{'without' if leaf else 'with'} children (a bonus follows a leaf, a repair refused "
+                         "children)")
+    _token_id(t["emitted_id"], f"{where}.emitted_id", vocab)
+    _string(t["emitted_piece"], f"{where}.emitted_piece")
+    _prob(t["emitted_p"], f"{where}.emitted_p")
+    _prob(t["emitted_r"], f"{where}.emitted_r")
+    # The round's chain fields are this walk seen as a chain: the path, then the last refused child.
+    tokens = [nodes[i]["token_id"] for i in path]
+    if rnd["n_accepted"] != len(path) or rnd["draft_ids"][: len(path)] != tokens:
+        raise TraceError(f"{where}.path's tokens {_short(tokens)} are not the round's accepted draft_ids")
+    if rnd["emitted_id"] != t["emitted_id"] or rnd["is_bonus"] != (kind == BONUS):
+        raise TraceError(f"{where}'s emitted token differs from the round's emitted_id / is_bonus")
+    if rnd["gamma"] != len(path) + (kind == REPAIR):
+        raise TraceError(f"{where}: a tree round's gamma is its path length plus 1 before a repair "
+                         f"({len(path) + (kind == REPAIR)}), got {rnd['gamma']}")
+    if "n_committed" in t and _whole(t["n_committed"], f"{where}.n_committed", 0) != len(rnd["committed_ids"]):
+        raise TraceError(f"{where}.n_committed is {t['n_committed']}, but the round commits "
+                         f"{len(rnd['committed_ids'])} tokens")
+
+
+def _check_tree_node(n, where: str, i: int, nodes: list, vocab: int | None) -> None:
+    if not isinstance(n, dict):
+        raise TraceError(f"{where} must be a JSON object, got {_kind(n)}")
+    missing = [k for k in TREE_NODE_KEYS if k not in n and k not in TREE_TRIED_KEYS]
+    if missing:
+        raise TraceError(f"{where} is missing {', '.join(repr(k) for k in missing)}")
+    if n["node"] != i or not _is_int(n["node"]):
+        raise TraceError(f"{where}.node is {_short(n['node'])}; nodes must be numbered 0, 1, 2, ... in order")
+    _token_id(n["token_id"], f"{where}.token_id", vocab)
+    _string(n["piece"], f"{where}.piece")
+    parent = n["parent"]
+    if not _is_int(parent) or not -1 <= parent < i:
+        raise TraceError(f"{where}.parent must be -1 (the root) or an earlier node, got {_short(parent)}")
+    depth = 1 if parent == -1 else nodes[parent]["depth"] + 1
+    if n["depth"] != depth or not _is_int(n["depth"]):
+        raise TraceError(f"{where}.depth is {_short(n['depth'])}; under its parent it is {depth}")
+    _prob(n["p"], f"{where}.p")
+    _prob(n["q"], f"{where}.q")
+    fate = n["fate"]
+    if fate not in TREE_FATES:
+        raise TraceError(f"{where}.fate must be one of {', '.join(TREE_FATES)}, got {_short(fate)}")
+    values = {k: n.get(k) for k in TREE_TRIED_KEYS}
+    if fate == TREE_UNTRIED:
+        if any(v is not None for v in values.values()):
+            raise TraceError(f"{where} was never tried, so its r, accept_prob and uniform must be null")
+        return
+    for k, v in values.items():
+        _prob(v, f"{where}.{k}")
+    r, q, a, u = values["r"], n["q"], values["accept_prob"], values["uniform"]
+    expected = (r > 0) * 1.0 if q <= 0 else min(1.0, r / q)
+    if abs(a - expected) > ACCEPT_SLACK * max(1.0, expected):
+        raise TraceError(f"{where}.accept_prob is {a:.6g}, but min(1, r / q) is {expected:.6g}")
+    if (u < a) != (fate == TREE_ACCEPTED):
+        raise TraceError(f"{where} is {fate} with u = {u:.6g} and accept_prob = {a:.6g} (a node is accepted iff "
+                         "u < accept_prob)")
+
+
+def _tree_node_list(xs, where: str, n: int) -> list[int]:
+    if not isinstance(xs, list) or any(not _is_int(x) or not 0 <= x < n for x in xs):
+        raise TraceError(f"{where} must be a list of node numbers (0..{n - 1}), got {_short(xs)}")
+    return xs
 
 
 def _top_rows(rows, where: str, length: int, vocab: int | None) -> None:

@@ -201,7 +201,7 @@ class BatchResult:
             "latency_ms": list(self.latency_ms),
             "verify_ms": _median([r.verify_ms for r in steady]),
             "verify_tokens": self.batch * (g_steady + 1) if spec and steady else None,  # tokens each pass scores
-            "draft_pass_ms": _median([r.draft_ms / r.gamma for r in steady]) if spec else None,
+            "draft_pass_ms": _median([r.draft_ms / r.gamma for r in steady if r.gamma]) if spec else None,
             "step_ms": None if spec else _median([r.round_ms for r in self.rounds[1:]]),
         }
 

@@ -86,15 +86,18 @@ class SpeculativeDecoder:
         draft = self.drafter.propose(self.ids, gamma, self.settings.sampling, self.gen)
         draft_ms = clock.lap()
         p = self.score(draft)
-        verdict = verify(draft.tokens, draft.probs, p, self.gen)
         verify_ms = clock.lap()
+        verdict = verify(draft.tokens, draft.probs, p, self.gen, mode=self.settings.verify)
+        rule_ms = clock.lap()
         committed, self.stop_reason = cut_at_stop(verdict.tokens, self.pair.eos_token_ids, left)
         self.ids += committed
         self.target.sync(self.ids)  # roll back: the target keeps the committed text only
         self.drafter.feedback(self.ids, verdict.n_accepted, len(draft.tokens))  # ... and so does the draft
+        cache_ms = clock.lap()
         rnd = round_event(len(self.rounds), len(self.generated_ids) - len(committed), asked, draft.tokens,
                           draft.probs, draft.note, p, verdict, committed, self.stop_reason, draft_ms, verify_ms,
-                          self.tok, self.top_k)
+                          self.tok, self.top_k, self.settings.verify)
+        rnd.rule_ms, rnd.cache_ms, rnd.display_ms = rule_ms, cache_ms, clock.lap()
         self.policy.observe(rnd)
         self.totals.observe(rnd)
         rnd.round_ms = clock.total()

@@ -11,7 +11,7 @@ import torch
 from specdec.core.events import DraftNote, Round, TokenProb
 from specdec.core.sampling import OneHot, Probs, prob_at
 from specdec.core.stop import StopReason
-from specdec.core.verify import Verdict
+from specdec.core.verify import Verdict, same_draft_verdicts
 
 TOPK_BLOCK = 128  # ids per block in top_rows' first pass
 
@@ -59,7 +59,7 @@ def top_candidates(probs: Probs, tokenizer, k: int) -> list[list[TokenProb]]:
 
 def round_event(index: int, position: int, asked: int, tokens: torch.Tensor, q: Probs, note: DraftNote | None,
                 p: Probs, verdict: Verdict, committed: list[int], stop_reason: StopReason | None,
-                draft_ms: float, verify_ms: float, tokenizer, top_k: int) -> Round:
+                draft_ms: float, verify_ms: float, tokenizer, top_k: int, verify_mode: str = "pq") -> Round:
     """One round as a Round event. tokens [g] and q [g, V]: the draft; p [g+1, V]: the target's warped rows;
     `committed`: what the round added to the text (the verdict's tokens after the stop rule's cut)."""
     g = int(tokens.shape[0])
@@ -94,4 +94,6 @@ def round_event(index: int, position: int, asked: int, tokens: torch.Tensor, q: 
         top_k=top_k,
         note=note,
         asked=asked,
+        verify=verify_mode,
+        same_draft=same_draft_verdicts(tokens, q, p, verdict.uniforms) if top_k and g else [],
     )

@@ -21,7 +21,8 @@ from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
 from specdec.core.events import ACCEPTED, DraftNote, Round
 from specdec.core.metrics import StepCosts, alpha_estimate
-from specdec.core.settings import DRAFTER_LABELS, DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, DecodeSettings, encode_prompt
+from specdec.core.settings import (DRAFTER_LABELS, DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, VERIFY_MODES, DecodeSettings,
+                                   encode_prompt)
 from specdec.core.stop import StopReason
 from specdec.drafters import make_drafter
 from specdec.loop.decoder import SpeculativeDecoder
@@ -36,39 +37,50 @@ class LaneSpec:
     drafter: str = "model"  # one of DRAFTERS, or PLAIN
     gamma: int = 4
     gamma_policy: str = "fixed"
+    verify: str = "pq"  # one of VERIFY_MODES
 
     @property
     def label(self) -> str:
         if self.drafter == PLAIN:
             return "plain target"
         how = f"γ={self.gamma}" if self.gamma_policy == "fixed" else f"γ {self.gamma_policy} (from {self.gamma})"
-        return f"{DRAFTER_LABELS.get(self.drafter, self.drafter)} · {how}"
+        rule = "" if self.verify == "pq" else f" · {self.verify}"
+        return f"{DRAFTER_LABELS.get(self.drafter, self.drafter)} · {how}{rule}"
 
 
-_LANE_RE = re.compile(r"^\s*([a-z-]+)\s*(?::\s*([a-z0-9]+)\s*)?(?::\s*([a-z0-9]+)\s*)?$")
+_LANE_RE = re.compile(r"^\s*([a-z-]+)\s*((?::\s*[a-z0-9]+\s*){0,3})$")
 
 
 def parse_lanes(text: str) -> list[LaneSpec]:
-    """'model:4, ngram:8, ngram:expected, cross:4:confidence' -> LaneSpecs: drafter, then a gamma and/or a gamma
-    policy in any order ("auto" = expected). The plain lane is always added by the race itself."""
+    """'model:4, ngram:8, ngram:expected, cross:4:confidence, model:4:strict' -> LaneSpecs: drafter, then a gamma,
+    a gamma policy ("auto" = expected) and a verification mode, in any order. The plain lane is always added by
+    the race itself."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("name at least one speculative lane, e.g. 'model:4, ngram:8'")
     lanes = []
     for part in text.split(","):
         m = _LANE_RE.match(part.lower())
+        usage = (f"lane {part.strip()[:40]!r}: write drafter[:gamma][:policy][:verification], each at most once, "
+                 f"with a drafter from {', '.join(DRAFTERS)}, e.g. 'ngram:8', 'model:expected' or 'model:4:strict'")
         if not m or m.group(1) not in DRAFTERS:
-            raise InvalidInputError(f"lane {part.strip()[:40]!r}: write drafter[:gamma][:policy] with a drafter from "
-                                    f"{', '.join(DRAFTERS)}, e.g. 'ngram:8' or 'model:expected'")
-        gamma, policy = 4, "fixed"
-        for opt in filter(None, m.group(2, 3)):
+            raise InvalidInputError(usage)
+        gamma, policy, rule = 4, "fixed", "pq"
+        opts = [o.strip() for o in m.group(2).split(":") if o.strip()]
+        kinds = ["gamma" if o.isdigit() else "rule" if o in VERIFY_MODES else "policy" for o in opts]
+        if len(set(kinds)) < len(kinds):
+            raise InvalidInputError(usage)
+        for opt in opts:
             if opt.isdigit():
                 gamma = int(opt)
             elif opt in GAMMA_POLICIES or opt == "auto":
                 policy = "expected" if opt == "auto" else opt
+            elif opt in VERIFY_MODES:
+                rule = opt
             else:
-                raise InvalidInputError(f"lane {part.strip()[:40]!r}: {opt!r} is neither a gamma (1-{MAX_GAMMA}) nor a "
-                                        f"gamma policy ({', '.join(GAMMA_POLICIES)})")
-        lanes.append(LaneSpec(m.group(1), gamma, policy))
+                raise InvalidInputError(f"lane {part.strip()[:40]!r}: {opt!r} is neither a gamma (1-{MAX_GAMMA}), a "
+                                        f"gamma policy ({', '.join(GAMMA_POLICIES)}) nor a verification mode "
+                                        f"({', '.join(VERIFY_MODES)})")
+        lanes.append(LaneSpec(m.group(1), gamma, policy, rule))
     if len(lanes) > MAX_LANES:
         raise InvalidInputError(f"at most {MAX_LANES} speculative lanes per race, got {len(lanes)}")
     return lanes
@@ -167,7 +179,8 @@ class Race:
         for spec in lanes:
             if spec.drafter == PLAIN:
                 raise InvalidInputError("the plain lane is always in the race; list only speculative lanes")
-            s = replace(self.settings, drafter=spec.drafter, gamma=spec.gamma, gamma_policy=spec.gamma_policy)
+            s = replace(self.settings, drafter=spec.drafter, gamma=spec.gamma, gamma_policy=spec.gamma_policy,
+                        verify=spec.verify)
             try:
                 drafter = None
                 if spec.drafter == "cross" and cross_draft is not None:
@@ -294,7 +307,7 @@ class Race:
             base = self.plain_ms_for(lane.tokens)
             lanes.append({
                 "lane": lane.index, "label": lane.spec.label, "drafter": lane.spec.drafter, "gamma": lane.spec.gamma,
-                "gamma_policy": lane.spec.gamma_policy, "text": self.text(lane.index), "tokens": lane.tokens,
+                "gamma_policy": lane.spec.gamma_policy, "verify": lane.spec.verify, "text": self.text(lane.index), "tokens": lane.tokens,
                 "target_passes": lane.target_passes, "elapsed_ms": round(lane.elapsed_ms, 2),
                 "tok_s": round(lane.tok_s, 3), "tokens_per_pass": round(lane.tokens_per_pass, 3),
                 "speedup": None if self.speedup(lane.index) is None else round(self.speedup(lane.index), 3),

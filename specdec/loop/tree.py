@@ -1,23 +1,34 @@
-"""Tree rounds: the draft model proposes a token tree, the target scores every node in one pass, `verify_tree`
-walks it from the root, and both caches keep exactly the accepted path.
+"""Tree rounds: a drafter proposes a token tree, the target scores every node in one pass, `verify_tree` walks it
+from the root, and the target's cache (and the draft model's, when it drafted) keeps exactly the accepted path.
 
-The engine's tree path so far: exact and tested (greedy equality with plain greedy, a joint chi-square of the first
-tokens), not yet in the playground's views, traces or bench.
+Who drafts follows `settings.drafter`: "model" grows the tree from the draft model (`drafters.tree.draft_tree`,
+children per depth from `widths`, chosen by `mode`); "ngram" and "predicted" copy it from the text or the
+prediction (their `propose_tree`: a branch per distinct continuation, one-hot q), the widths then bounding its
+depth and node count (`drafters.tree.copy_tree_bounds`).
+
+Each round also becomes display events (`loop.tree_display`): `TreeRound.event`, the whole tree with p, q, the
+residual and u at every node, and `TreeRound.round`, the chain `Round` (accepted path as the guesses, the event
+attached) that the playground, statistics and traces read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
+from specdec.core.events import Round, Totals
 from specdec.core.kvcache import CachedLM
-from specdec.core.sampling import distribution, make_generator
-from specdec.core.settings import DecodeSettings, encode_prompt
+from specdec.core.sampling import OneHot, distribution, make_generator
+from specdec.core.settings import TOP_DISPLAY, DecodeSettings, encode_prompt
 from specdec.core.stop import StopReason, cut_at_stop
 from specdec.core.tree import TokenTree, TreeVerdict, verify_tree
-from specdec.drafters.tree import check_widths, draft_tree
+from specdec.core.tree_events import TreeRoundEvent
+from specdec.drafters import make_drafter
+from specdec.drafters.tree import COPY_TREE_DRAFTERS, TreeDrafter, check_widths, copy_tree_bounds, draft_tree
+from specdec.loop.tree_display import tree_chain_round, tree_round_event
 from specdec.models.pair import ModelPair
 
 
@@ -27,28 +38,48 @@ class TreeRound:
     verdict: TreeVerdict
     committed: list[int]
     stop_reason: StopReason | None = None
+    event: TreeRoundEvent | None = None  # the tree as the views draw it (loop.tree_display)
+    round: Round | None = None  # the chain view of the round, `event` attached as Round.tree
 
 
 @dataclass
 class TreeDecoder:
-    """Speculative decoding with a draft-model tree each round (widths per depth, children chosen by `mode`)."""
+    """Speculative decoding with a token tree each round: a draft-model tree (widths per depth, children chosen by
+    `mode`), or, with `drafter` (a `TreeDrafter`; made from settings.drafter "ngram" or "predicted" when None), a
+    copied tree within the widths' depth and node count."""
 
     pair: ModelPair
     prompt: str
     settings: DecodeSettings = field(default_factory=DecodeSettings)
     widths: tuple[int, ...] = (2, 2, 1)
     mode: str = "top-k"
+    drafter: TreeDrafter | None = None  # None with settings.drafter "model": the draft model grows the tree
+    top_k: int = TOP_DISPLAY  # candidates per position the chain Round carries for display (0: none)
 
     def __post_init__(self) -> None:
         self.settings = self.settings.validate()
+        if self.settings.verify == "block":
+            raise InvalidInputError("block verification judges one chain of guesses; a token tree is verified with "
+                                    "pq or strict")
         self.widths = check_widths(self.widths, self.mode)
         self.prompt_ids = encode_prompt(self.pair.tokenizer, self.prompt, self.settings.chat)
+        name = self.settings.drafter
+        if self.drafter is None and name != "model":
+            if name not in COPY_TREE_DRAFTERS:
+                raise InvalidInputError(f"tree rounds draft with the draft model or a copying drafter "
+                                        f"({', '.join(COPY_TREE_DRAFTERS)}); the {name} drafter has no trees")
+            self.drafter = make_drafter(self.pair, self.settings, self.prompt_ids)
+        if self.drafter is not None and self.mode != "top-k":
+            raise InvalidInputError(f"a copied tree's children are chosen deterministically (one-hot q), not "
+                                    f"{self.mode}: use the top-k tree mode")
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(self.pair.device, self.settings.seed)
         self.target = CachedLM(self.pair.target, self.pair.vocab_size)
         self.draft = CachedLM(self.pair.draft, self.pair.vocab_size)
         self.rounds: list[TreeRound] = []
         self.stop_reason: StopReason | None = None
+        self.totals = Totals()
+        self._started: float | None = None  # perf_counter time the first round started
 
     @property
     def generated_ids(self) -> list[int]:
@@ -66,16 +97,48 @@ class TreeDecoder:
     def step(self) -> TreeRound:
         if self.done:
             raise InvalidInputError("generation has finished; start a new run")
+        clock = Stopwatch(self.pair.device)
+        self._started = self._started or clock.start
         cfg = self.settings.sampling
         left = self.settings.max_new_tokens - len(self.generated_ids)
         widths = self.widths[: max(1, left - 1)]  # deeper than the budget is wasted work
-        tree = draft_tree(self.draft, self.ids, widths, self.mode, cfg, self.gen)
+        if self.drafter is None:
+            tree = draft_tree(self.draft, self.ids, widths, self.mode, cfg, self.gen)
+        else:
+            tree = self.drafter.propose_tree(self.ids, *copy_tree_bounds(widths), cfg, self.gen)
+        draft_ms = clock.lap()
         p = distribution(self.target.logits_for_tree(self.ids, tree), cfg)  # [n + 1, V], warped as q
+        tree = self.judged(tree)
         verdict = verify_tree(tree, p, self.gen)
+        verify_ms = clock.lap()
         committed, self.stop_reason = cut_at_stop(verdict.tokens, self.pair.eos_token_ids, left)
         self.ids += committed
         self.target.keep_path(self.ids, verdict.path)  # the accepted path's slots stay, the rest go
-        self.draft.sync(self.ids)
+        if self.drafter is None:
+            self.draft.sync(self.ids)
         rnd = TreeRound(tree, verdict, committed, self.stop_reason)
+        self._display(rnd, p, widths, draft_ms, verify_ms, clock)
         self.rounds.append(rnd)
         return rnd
+
+    def judged(self, tree: TokenTree) -> TokenTree:
+        """The tree as the rule reads it: under strict verification every child is judged as if chosen
+        deterministically (one-hot q), which is, in law, the target drawing its own token at each node and moving
+        to the child that matches it (emitting its draw when none does)."""
+        if self.settings.verify != "strict":
+            return tree
+        return TokenTree(tree.tokens, tree.parents, OneHot(tree.tokens, self.pair.vocab_size))
+
+    def _display(self, rnd: TreeRound, p, widths: list[int], draft_ms: float, verify_ms: float,
+                 clock: Stopwatch) -> None:
+        """Attach the round's display events and count it in the running totals."""
+        tok, drafter = self.pair.tokenizer, self.settings.drafter
+        mode = self.mode if self.drafter is None else f"copied ({drafter})"
+        rnd.event = tree_round_event(rnd.tree, p, rnd.verdict, tok, mode, widths, len(rnd.committed))
+        position = len(self.generated_ids) - len(rnd.committed)
+        rnd.round = tree_chain_round(len(self.rounds), position, rnd.tree, p, rnd.verdict, rnd.event, rnd.committed,
+                                     rnd.stop_reason, draft_ms, verify_ms, tok, self.top_k, drafter)
+        self.totals.observe(rnd.round)
+        rnd.round.round_ms = clock.total()
+        self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round.round_ms
+        rnd.round.totals = replace(self.totals)

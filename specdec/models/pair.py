@@ -12,6 +12,8 @@ decodes on a pair holds `pair_lease(pair)` meanwhile, and a leased pair is never
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gc
 import json
 import os
@@ -28,6 +30,7 @@ import torch
 from specdec.models.embedded import EMBEDDED, Progress, embedded_folder
 from specdec.models.embedded import say as _say
 from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
+from specdec.models.quant import check_int8_support, quantize_int8, resolve_quant
 from specdec.core.record import PairInfo
 from specdec.models.tiny import tiny_models, tiny_seed, tiny_tokenizer
 
@@ -39,6 +42,7 @@ DEFAULT_MAX_PAIRS = 2
 # random-weight test pair built in memory (specdec.models.tiny), anything else is a hub id or a local folder.
 PAIRS: dict[str, tuple[str, str]] = {
     "default": ("embedded:qwen2.5-coder-1.5b-instruct", "embedded:qwen2.5-coder-0.5b-instruct"),
+    "default-int8": ("embedded:qwen2.5-coder-1.5b-instruct", "embedded:qwen2.5-coder-0.5b-instruct"),
     "tiny": ("tiny:target", "tiny:draft"),
     "qwen2.5-coder-0.5b-1.5b": ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
     "smollm2-135m-360m": ("HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
@@ -46,6 +50,9 @@ PAIRS: dict[str, tuple[str, str]] = {
     "qwen2.5-0.5b-1.5b": ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
     "distilgpt2-gpt2-large": ("gpt2-large", "distilgpt2"),
 }
+# Presets whose draft is quantized (specdec.models.quant): the default pair with a weight-only int8 draft, which
+# needs bfloat16 activations on the CPU ("auto" dtype then picks bfloat16 there).
+PAIR_DRAFT_QUANT: dict[str, str] = {"default-int8": "int8"}
 
 
 @dataclass(eq=False)  # identity equality: two loads of the same ids are still two copies in memory
@@ -61,6 +68,7 @@ class ModelPair:
     vocab_size: int = 0  # logits are sliced to this width so p and q index the same tokens
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     device_map: dict | None = None  # the target's accelerate placement (module -> device); None: one device
+    draft_quant: str = ""  # the draft's weight quantization ("int8", see specdec.models.quant); "": none
     leases: int = field(default=0, repr=False)  # users decoding on it right now (see pair_lease)
 
     def describe(self) -> dict:
@@ -226,7 +234,34 @@ def _input_device(model: torch.nn.Module) -> torch.device:
     return dev
 
 
-def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None) -> ModelPair:
+def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None,
+                draft_quant: str = "") -> ModelPair:
+    pair = _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map, max_memory)
+    if draft_quant:
+        _say(progress, f"quantizing the draft ({draft_quant})")
+        check_int8_support(dt, pair.device)  # a device map may have put the draft somewhere else than `dev`
+        quantize_int8(pair.draft)
+        pair.draft_quant = draft_quant
+    return pair
+
+
+def quantized_draft_pair(pair: ModelPair, mode: str = "int8", dtype: torch.dtype | None = None) -> ModelPair:
+    """A new pair with the same target (the same object) and a quantized copy of `pair`'s draft; `pair` itself is
+    unchanged. dtype: the quantized draft's activations (default the pair's dtype), e.g. bfloat16 beside a float32
+    target; the pair then records draft_quant as "int8:bfloat16". Outside the pair cache."""
+    mode = resolve_quant(mode)
+    if not mode:
+        raise ModelLoadError("quantized_draft_pair needs a quantization mode, e.g. 'int8'")
+    if pair.draft_quant:
+        raise ModelLoadError(f"this pair's draft is already quantized ({pair.draft_quant})")
+    dtype = dtype or pair.dtype
+    check_int8_support(dtype, pair.device)
+    draft = quantize_int8(copy.deepcopy(pair.draft), dtype)
+    label = mode if dtype == pair.dtype else f"{mode}:{str(dtype).replace('torch.', '')}"
+    return dataclasses.replace(pair, draft=draft, draft_quant=label, leases=0)
+
+
+def _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None) -> ModelPair:
     if target_id.startswith("tiny:") or draft_id.startswith("tiny:"):
         if not (target_id.startswith("tiny:") and draft_id.startswith("tiny:")):
             other = draft_id if target_id.startswith("tiny:") else target_id
@@ -437,6 +472,7 @@ def load_pair(
     max_memory: dict | None = None,
     progress: Progress | None = None,
     shared: bool = True,
+    draft_quant: str | None = None,
 ) -> ModelPair:
     """Load a draft/target pair by preset name, or by explicit target/draft ids (hub ids or local folders).
 
@@ -448,20 +484,27 @@ def load_pair(
     With shared=True the pair is memoized per (ids, dtype, device, placement) in PAIR_CACHE (PairCache says what
     stays loaded): models are used read-only (inference mode; caches live outside them), so every caller and
     every app session can share one copy. shared=False builds a private pair the cache never sees.
+
+    draft_quant ("int8"; None: the preset's own, see PAIR_DRAFT_QUANT; "" or "none": unquantized) quantizes the
+    draft's weights (specdec.models.quant). int8 runs on the CPU with bfloat16 or float16 activations ("auto"
+    picks bfloat16 on the CPU); any other dtype or device is an InvalidInputError, raised before loading.
     """
     custom = bool(target or draft)
     target_id, draft_id = pair_ids(name, target, draft)
     label = "custom" if custom else name
+    quant = resolve_quant(PAIR_DRAFT_QUANT.get(name, "") if draft_quant is None else draft_quant)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = torch.bfloat16 if quant and dtype == "auto" and dev.type == "cpu" else resolve_dtype(dtype, dev)
+    if quant:
+        check_int8_support(dt, dev)
     dmap = resolve_device_map(device_map)
     placement = json.dumps([dmap, max_memory], sort_keys=True, default=str) if dmap is not None else ""
     if not shared:
-        return _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory)
-    key = (target_id, draft_id, dt, str(dev), placement)
+        return _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory, quant)
+    key = (target_id, draft_id, dt, str(dev), placement, quant)
     with _LOAD_LOCK:
         pair = PAIR_CACHE.get(key)
         if pair is None:
-            pair = _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory)
+            pair = _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory, quant)
             PAIR_CACHE.put(key, pair, pin=_pinned(name, custom))
         return pair

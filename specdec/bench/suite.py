@@ -1,0 +1,165 @@
+"""A Spec-Bench-shaped suite: `python -m specdec bench --suite`.
+
+Six task kinds (specdec.prompts.SUITE: multi-turn conversation, translation, summarization, question answering,
+math reasoning, retrieval-augmented answers), greedy, batch 1, wall time including prefill, every contender
+interleaved and rotated on every prompt (bench.harness). Per kind: each contender's speedup over plain
+transformers `generate()` and its mean tokens per target pass; in the last columns the best of ours over the
+best of transformers' -- the Spec-Bench leaderboard's shape.
+
+Tokens per target pass are counted the same way for every contender: a forward pre-hook on the target counts its
+calls during the run (prefill included), so transformers' loops are measured by the same rule as ours.
+
+Contenders:
+- ours: the draft model at γ 4 (`model`), prompt lookup at γ 32 (`ngram`), the hybrid drafter (`auto`, when this
+  build has it) -- our speculative loop with its display candidates, as the app runs it;
+- transformers: plain `generate()` (the baseline), assisted generation with the draft at its own generation
+  config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`), and prompt lookup (`hf_lookup`,
+  prompt_lookup_num_tokens = 10, transformers' documented example value).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+
+import torch
+
+from specdec.bench.harness import (Column, Contender, Job, assistant_for, interleaved, log, middle, ratio, table,
+                                   timed_generate, timed_spec, warm_up, write_result)
+from specdec.core.settings import DRAFTERS, DecodeSettings
+from specdec.prompts import SUITE
+
+DEFAULT_OUT = "bench-results/suite.json"
+OURS = {"model": {"drafter": "model", "gamma": 4}, "ngram": {"drafter": "ngram", "gamma": 32},
+        "auto": {"drafter": "auto", "gamma": 4}}
+THEIRS = ("hf_assisted", "hf_assisted_g4", "hf_lookup")
+BASELINE = "hf_plain"
+LOOKUP_TOKENS = 10
+
+
+@dataclass
+class PassCounter:
+    """Counts the target's forward calls while it is installed (a forward pre-hook)."""
+
+    calls: int = 0
+
+    def __call__(self, module, args):
+        self.calls += 1
+
+
+@dataclass
+class Run:
+    """One timed run of one contender on one prompt."""
+
+    contender: str
+    kind: str
+    prompt: str  # the last message, for the JSON
+    tokens: int
+    seconds: float
+    passes: int  # target forward calls, prefill included
+
+
+def contenders(pair, ours: list[str]) -> list[Contender]:
+    out = [Contender(BASELINE, partial(timed_generate, pair)),
+           Contender("hf_assisted", lambda p, s: timed_generate(pair, p, s, assistant_model=pair.draft)),
+           Contender("hf_assisted_g4", lambda p, s: timed_generate(pair, p, s,
+                                                                   assistant_model=assistant_for(pair.draft, 4))),
+           Contender("hf_lookup", lambda p, s: timed_generate(pair, p, s, prompt_lookup_num_tokens=LOOKUP_TOKENS))]
+    for name in ours:
+        out.append(Contender(name, lambda p, s, k=OURS[name]: timed_spec(pair, p, replace(s, **k))))
+    return out
+
+
+def run_suite(pair, jobs: list[Job], field: list[Contender], repeats: int, base: DecodeSettings) -> list[Run]:
+    """Every contender on every prompt, interleaved and rotated (bench.harness.interleaved), the target's
+    forward calls counted per run."""
+    counter = PassCounter()
+    hook = pair.target.register_forward_pre_hook(counter)
+    try:
+        warm_up(field, jobs[0].prompt, base)
+        runs = []
+        for rep, job, order in interleaved(jobs, field, repeats):
+            s = replace(base, seed=rep)
+            for c in order:
+                before = counter.calls
+                t = c(job.prompt, s)
+                runs.append(Run(c.name, job.kind, job.prompt[-1]["content"], t.tokens, t.seconds,
+                                counter.calls - before))
+                x = runs[-1]
+                log(f"  rep {rep} {x.kind:13s} {x.contender:15s} {x.tokens:3d} tok {x.seconds:6.2f} s "
+                    f"{x.tokens / max(x.passes, 1):5.2f} tok/pass")
+    finally:
+        hook.remove()
+    return runs
+
+
+def summarize_kind(samples: list[Run], names: list[str]) -> dict:
+    """Per contender: speedup over plain generate() (median run per prompt, pooled over prompts) and tokens per
+    target pass; then the best of ours against the best of transformers'."""
+    by_prompt: dict[str, dict[str, list[Run]]] = {}
+    for x in samples:
+        by_prompt.setdefault(x.prompt, {}).setdefault(x.contender, []).append(x)
+    secs = {n: 0.0 for n in names}
+    toks = {n: 0 for n in names}
+    passes = {n: 0 for n in names}
+    for runs in by_prompt.values():
+        for n in names:
+            if n in runs:
+                m = middle(runs[n], key=lambda x: x.seconds)
+                secs[n] += m.seconds
+                toks[n] += m.tokens
+                passes[n] += m.passes
+    tok_s = {n: toks[n] / secs[n] if secs[n] else None for n in names}
+    speedup = {n: ratio(tok_s[n], tok_s[BASELINE]) for n in names}
+    per_pass = {n: toks[n] / passes[n] if passes[n] else None for n in names}
+    ours = [n for n in names if n in OURS]
+    best_ours = max(ours, key=lambda n: speedup[n] or 0.0)
+    best_theirs = max(THEIRS, key=lambda n: speedup[n] or 0.0)
+    return {"tok_s": tok_s, "speedup": speedup, "tokens_per_pass": per_pass, "best_ours": best_ours,
+            "best_theirs": best_theirs, "best_vs_best": ratio(speedup[best_ours], speedup[best_theirs])}
+
+
+def geometric_mean(values) -> float | None:
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def print_table(kinds: dict, names: list[str], out=None) -> None:
+    cols = [Column("kind", 13, "kind", "{}", left=True)]
+    cols += [Column(n, max(7, len(n)), (lambda r, n=n: r["speedup"][n])) for n in names if n != BASELINE]
+    cols += [Column("best ours", 10, "best_ours", "{}"), Column("best theirs", 14, "best_theirs", "{}"),
+             Column("ours/theirs", 11, "best_vs_best")]
+    rows = [{"kind": k, **v} for k, v in kinds.items()]
+    lines = ["speedup over plain transformers generate() (wall time incl. prefill, greedy, batch 1):",
+             *table(cols, rows, rule=True), "", "tokens per target pass (prefill included):"]
+    cols2 = [Column("kind", 13, "kind", "{}", left=True)]
+    cols2 += [Column(n, max(7, len(n)), (lambda r, n=n: r["tokens_per_pass"][n])) for n in names]
+    lines += table(cols2, rows, rule=True)
+    gm = geometric_mean(v["best_vs_best"] for v in kinds.values())
+    lines.append(f"geometric mean of best ours / best theirs over kinds: {gm:.3f}" if gm else "")
+    print("\n".join(lines), file=out or sys.stdout)
+
+
+def cmd_suite(args, load) -> int:
+    pair = load()
+    ours = [n for n in OURS if n in DRAFTERS]
+    kinds = list(SUITE) if args.kinds in (None, "", "code,prose,chat") else [k for k in args.kinds.split(",") if k]
+    unknown = [k for k in kinds if k not in SUITE]
+    if unknown:
+        log(f"unknown suite kinds {unknown}; choose from {', '.join(SUITE)}")
+        return 2
+    per_kind = 1 if args.quick else None
+    jobs = [Job(k, "greedy", p, True) for k in kinds for p in SUITE[k][:per_kind]]
+    field = contenders(pair, ours)
+    base = DecodeSettings(max_new_tokens=args.max_new_tokens or (24 if args.quick else 56), chat=True)
+    samples = run_suite(pair, jobs, field, args.repeats or 1, base)
+    names = [c.name for c in field]
+    result_kinds = {k: summarize_kind([x for x in samples if x.kind == k], names) for k in kinds}
+    print_table(result_kinds, names)
+    write_result({"models": pair.describe(), "contenders": names, "kinds": result_kinds,
+                  "max_new_tokens": base.max_new_tokens, "torch_threads": torch.get_num_threads(),
+                  "samples": [{**asdict(x), "prompt": x.prompt[:60]} for x in samples]},
+                 args.out, DEFAULT_OUT)
+    return 0
