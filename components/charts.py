@@ -275,19 +275,24 @@ def time_breakdown_figure(b: TimeBreakdown, height: int = 380):
     if not b.rounds:
         return empty_figure("No rounds yet: the time breakdown appears after the first round.")
     x = list(range(1, len(b.rounds) + 1))
-    traces = [{"type": "bar", "name": f"{PHASE_WORDS[k]} ({getattr(b.total, k):.0f} ms)", "x": x,
+    traces = [{"type": "bar", "name": f"{PHASE_WORDS[k]} {getattr(b.total, k) / 1e3:.2f} s", "x": x,
                "y": [getattr(t, k) for t in b.rounds], "marker": {"color": PHASE_COLORS[k]},
                "hovertemplate": f"round %{{x}}: {PHASE_WORDS[k]} %{{y:.1f}} ms<extra></extra>"} for k in PHASES]
     if b.plain_ms is not None:
-        traces.append({"type": "scatter", "mode": "markers", "name": f"plain steps for the same tokens "
-                       f"({sum(b.plain_ms):.0f} ms)", "x": x, "y": b.plain_ms,
+        traces.append({"type": "scatter", "mode": "markers", "name": f"plain steps {sum(b.plain_ms) / 1e3:.2f} s",
+                       "x": x, "y": b.plain_ms,
                        "marker": {"symbol": "line-ew-open", "size": 16, "color": COLORS["text"], "line": {"width": 2}},
                        "hovertemplate": "round %{x}: plain decoding would take %{y:.0f} ms<extra></extra>"})
-    reading = html.escape(b.reading)
+    # the reading is one sentence "cost and acceptance: verdict"; two lines keep it inside a half-width chart
+    head, _, tail = b.reading.partition(": ")
+    verdict, _, spent = tail.partition(" (")
+    parts = [head + ":" if tail else head] + ([verdict] if verdict else []) + (["(" + spent] if spent else [])
+    lines = "<br>".join(html.escape(t) for t in parts)
     title = (f"Where the milliseconds went: {b.total.total:.0f} ms over {len(b.rounds)} rounds"
-             f"<br><span style='font-size:11px'>{reading}</span>")
-    return figure(traces, title, height, barmode="stack",
-                  xaxis=axis(title={"text": "round"}, dtick=max(1, len(x) // 10)),
+             f"<br><span style='font-size:10px'>{lines}</span>")
+    return figure(traces, title, height + 40, barmode="stack", margin={"l": 52, "r": 12, "t": 108, "b": 80},
+                  legend={"orientation": "h", "y": -0.12, "yanchor": "top", "x": 0, "font": {"size": 10}},
+                  xaxis=axis(dtick=max(1, len(x) // 10)),
                   yaxis=axis(title={"text": "ms"}, rangemode="tozero"))
 
 
@@ -303,8 +308,9 @@ def acceptance_histogram_figure(per_request: dict, height: int = 300):
                "hovertemplate": f"γ {g}: %{{y}} rounds kept %{{x}} guesses<extra></extra>"}
               for g, row in by_len.items()]
     mean = per_request.get("mean_acceptance_length", 1.0)
-    return figure(traces, f"Guesses kept per round (mean acceptance length {mean:.2f}, bonus included)", height,
-                  barmode="stack", xaxis=axis(title={"text": "guesses kept"}, dtick=1),
+    title = (f"Guesses kept per round<br><span style='font-size:10px'>mean acceptance length {mean:.2f} "
+             f"(the bonus or repaired token included)</span>")
+    return figure(traces, title, height, barmode="stack", xaxis=axis(title={"text": "guesses kept"}, dtick=1),
                   yaxis=axis(title={"text": "rounds"}, rangemode="tozero"))
 
 

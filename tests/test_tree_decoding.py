@@ -131,3 +131,20 @@ def test_greedy_trees_equal_plain_greedy_on_the_real_pair(real_pair_fp32):
         dec = TreeDecoder(real_pair_fp32, prompt, s, widths, "top-k")
         list(dec)
         assert dec.generated_ids == plain, (prompt, widths)
+
+
+@pytest.mark.parametrize("mode,widths", [("top-k", (3, 2, 1)), ("sampled", (2, 2))])
+def test_after_every_tree_round_both_caches_equal_a_fresh_forward(tiny_pair, one_thread, mode, widths):
+    """The cache test: after each round the target's and the draft's caches give the logits a fresh forward over the
+    committed text gives (fp32 noise), at T > 0 so paths of every length occur."""
+    from tests.test_tree_scoring import fresh
+
+    s = DecodeSettings(max_new_tokens=30, sampling=SamplingConfig(temperature=1.0), seed=3)
+    dec = TreeDecoder(tiny_pair, "def add(a, b):", s, widths, mode)
+    v = tiny_pair.vocab_size
+    for _ in dec:
+        for lm, model in ((dec.target, tiny_pair.target), (dec.draft, tiny_pair.draft)):
+            got = lm.logits_after(dec.ids)[-1]
+            want = fresh(model, dec.ids, v)
+            assert float((got.float() - want.float()).abs().max()) < 1e-4
+    assert len(dec.rounds) >= 3

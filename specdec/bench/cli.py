@@ -31,6 +31,10 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     "by category (JSON to bench-results/overhead.json unless --out)")
     ap.add_argument("--predicted", action="store_true", help="light edits, the original text as the prediction: "
                     "predicted drafter vs plain and ngram (JSON to bench-results/predicted.json unless --out)")
+    ap.add_argument("--per-kind", type=int, default=None, help="with --suite: prompts per task kind (default: all)")
+    ap.add_argument("--tree", action="store_true", help="chains against token trees: the draft model's chain and "
+                    "top-k trees, prompt lookup's chain and copy tree, our plain decoding and transformers' assisted "
+                    "generation, on code, prose, chat and grounded prompts (JSON to bench-results/trees.json)")
     ap.add_argument("--suite", action="store_true", help="the Spec-Bench-shaped suite: six task kinds, greedy, ours "
                     "(model, ngram, auto) against transformers (assisted at its defaults and at γ 4, prompt lookup) "
                     "and plain generate(); --kinds picks kinds, --quick one prompt each (JSON to "
@@ -54,6 +58,8 @@ def cmd_bench(args, load) -> int:
         from specdec.bench.drafters import cmd_drafter_bench as cmd
     elif args.batch:  # batched decoding
         from specdec.bench.batch import cmd_batch_bench as cmd
+    elif args.tree:  # chains against token trees
+        from specdec.bench.trees import cmd_tree_bench as cmd
     elif args.suite:  # the Spec-Bench-shaped suite
         from specdec.bench.suite import cmd_suite as cmd
     elif args.int8_draft:  # the int8 draft against the bf16 one

@@ -10,8 +10,9 @@ Tokens per target pass are counted the same way for every contender: a forward p
 calls during the run (prefill included), so transformers' loops are measured by the same rule as ours.
 
 Contenders:
-- ours: the draft model at γ 4 (`model`), prompt lookup at γ 32 (`ngram`), the hybrid drafter (`auto`, when this
-  build has it) -- our speculative loop with its display candidates, as the app runs it;
+- ours: the draft model at γ 4 (`model`), the same with its int8 draft (`model_int8`, models.quant; bf16 pairs on
+  a CPU), prompt lookup at γ 32 (`ngram`), the hybrid drafter (`auto`) -- our speculative loop with its display
+  candidates, as the app runs it;
 - transformers: plain `generate()` (the baseline), assisted generation with the draft at its own generation
   config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`), and prompt lookup (`hf_lookup`,
   prompt_lookup_num_tokens = 10, transformers' documented example value).
@@ -61,7 +62,7 @@ class Run:
     passes: int  # target forward calls, prefill included
 
 
-def contenders(pair, ours: list[str]) -> list[Contender]:
+def contenders(pair, ours: list[str], int8_pair=None) -> list[Contender]:
     out = [Contender(BASELINE, partial(timed_generate, pair)),
            Contender("hf_assisted", lambda p, s: timed_generate(pair, p, s, assistant_model=pair.draft)),
            Contender("hf_assisted_g4", lambda p, s: timed_generate(pair, p, s,
@@ -69,6 +70,8 @@ def contenders(pair, ours: list[str]) -> list[Contender]:
            Contender("hf_lookup", lambda p, s: timed_generate(pair, p, s, prompt_lookup_num_tokens=LOOKUP_TOKENS))]
     for name in ours:
         out.append(Contender(name, lambda p, s, k=OURS[name]: timed_spec(pair, p, replace(s, **k))))
+    if int8_pair is not None:  # the same target with the int8 draft (models.quant)
+        out.append(Contender("model_int8", lambda p, s: timed_spec(int8_pair, p, replace(s, drafter="model", gamma=4))))
     return out
 
 
@@ -114,7 +117,7 @@ def summarize_kind(samples: list[Run], names: list[str]) -> dict:
     tok_s = {n: toks[n] / secs[n] if secs[n] else None for n in names}
     speedup = {n: ratio(tok_s[n], tok_s[BASELINE]) for n in names}
     per_pass = {n: toks[n] / passes[n] if passes[n] else None for n in names}
-    ours = [n for n in names if n in OURS]
+    ours = [n for n in names if n != BASELINE and n not in THEIRS]
     best_ours = max(ours, key=lambda n: speedup[n] or 0.0)
     best_theirs = max(THEIRS, key=lambda n: speedup[n] or 0.0)
     return {"tok_s": tok_s, "speedup": speedup, "tokens_per_pass": per_pass, "best_ours": best_ours,
@@ -142,6 +145,20 @@ def print_table(kinds: dict, names: list[str], out=None) -> None:
     print("\n".join(lines), file=out or sys.stdout)
 
 
+def _int8_pair(pair):
+    """The pair with its draft quantized to int8, when this pair's draft is not already and the kernel runs here."""
+    from specdec.core.errors import SpecDecError
+    from specdec.models.pair import quantized_draft_pair
+
+    if pair.draft_quant:
+        return None
+    try:
+        return quantized_draft_pair(pair, "int8", torch.bfloat16)
+    except SpecDecError as exc:
+        log(f"no int8 draft contender: {exc}")
+        return None
+
+
 def cmd_suite(args, load) -> int:
     pair = load()
     ours = [n for n in OURS if n in DRAFTERS]
@@ -150,9 +167,9 @@ def cmd_suite(args, load) -> int:
     if unknown:
         log(f"unknown suite kinds {unknown}; choose from {', '.join(SUITE)}")
         return 2
-    per_kind = 1 if args.quick else None
+    per_kind = 1 if args.quick else (args.per_kind or None)
     jobs = [Job(k, "greedy", p, True) for k in kinds for p in SUITE[k][:per_kind]]
-    field = contenders(pair, ours)
+    field = contenders(pair, ours, _int8_pair(pair))
     base = DecodeSettings(max_new_tokens=args.max_new_tokens or (24 if args.quick else 56), chat=True)
     samples = run_suite(pair, jobs, field, args.repeats or 1, base)
     names = [c.name for c in field]
