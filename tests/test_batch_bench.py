@@ -194,7 +194,9 @@ def test_batch_tab_in_the_browser(tiny_pair, browser):
         page.wait_for_function("() => document.querySelector('#sdb-status').innerText.includes('Measured')",
                                timeout=120_000)
         page.wait_for_selector("#sdb-figure .js-plotly-plot")
-        assert page.locator("#sdb-view .sdb-grid").count() == 1
+        assert page.locator("#sdb-view .sdb-grid").count() == 2  # the lockstep batch, then the ragged one
+        page.wait_for_selector("#sdb-loop-figure .js-plotly-plot")
+        page.wait_for_selector("#sdb-pace .js-plotly-plot")
         reading = page.inner_text("#sdb-reading")  # tiny-model timings are noise: any of the three readings
         assert any(w in reading for w in ("stops paying", "still pays", "does not pay even")), reading
         page.wait_for_timeout(1000)
