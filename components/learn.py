@@ -20,6 +20,7 @@ from specdec.core import events
 from specdec.core.events import Round, TokenProb
 from specdec.learn.lab import LEVEL, HundredPoints, LabResult, RealCheck, RunPoint, format_p_value, speedup_curve
 
+from .phases import same_draft_html
 from .style import COLORS, TOKEN_COLORS, layout
 from .tokens import piece_html
 
@@ -137,6 +138,11 @@ def _narrative(rnd: Round, step: int) -> str:
         return (f"The large target model reads all {g} guesses in <b>one</b> forward pass and gets its own chance p "
                 f"for each, plus the chances for the slot after the last guess. A guess is kept with chance "
                 f"min(1, p/q): a guess the target likes at least as much as the draft did is always kept.")
+    if kind == "keep" and rnd.verify != "pq":
+        rule = ("strict: the target draws its own token at each slot and a guess passes only if it is that token"
+                if rnd.verify == "strict" else
+                "block: the guesses are judged together, and the longest run whose last check passes is kept")
+        return f"This run checks with {rule}. {_plural(n, 'guess', 'guesses')} of {g} become output."
     if kind == "keep":
         if n == 0:
             return "The first guess already fails its check, so no guess is kept this round."
@@ -260,6 +266,7 @@ def walkthrough_html(rnd: Round, step: int, context: str | None = None) -> str:
         f'<div class="learn-grid" style="grid-template-columns: 11em repeat({g + 1}, minmax(5.5em, 1fr))">'
         f'{"".join(grid)}</div>'
         f'<p class="learn-story">{_narrative(rnd, step)}</p>'
+        f'{same_draft_html(rnd) if STEPS[step][1] == "keep" else ""}'
         f'<div class="learn-details">{_details_table(rnd, step)}{_side_panels(rnd, step)}</div>'
         f"</div>"
     )
