@@ -38,29 +38,38 @@ def find_continuation(seq: np.ndarray, n_max: int, n_min: int, gamma: int) -> tu
     length = len(seq)
     if length < 2:
         return None
-    # Candidate match ENDS: earlier positions holding the last token (one vectorized pass over the text), then
-    # extend each candidate backwards while it keeps agreeing with the suffix, up to n_max tokens.
-    ends = np.flatnonzero(seq[: length - 1] == seq[length - 1])
+    ends, match = suffix_matches(seq, seq, min(n_max, length - 1))
     if ends.size == 0:
         return None
-    match = np.ones(ends.size, dtype=np.int64)
-    alive = np.ones(ends.size, dtype=bool)
-    for d in range(1, min(n_max, length - 1)):
-        back = ends - d
-        alive &= back >= 0
-        alive[alive] &= seq[back[alive]] == seq[length - 1 - d]
-        match += alive
-    best = int(match.max())
-    n = min(best, n_max)
+    n = min(int(match.max()), n_max)
     if n < n_min:
         return None
-    end = int(ends[np.flatnonzero(match >= n)[-1]])  # the most recent match of the longest length found
-    src = end + 1
+    src = int(ends[np.flatnonzero(match >= n)[-1]]) + 1  # after the most recent match of the longest length found
+    return src, n, copy_from(seq, src, gamma)
+
+
+def suffix_matches(text: np.ndarray, suffix: np.ndarray, n_cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where the end of `suffix` occurs earlier in `text`: (ends, match) with `ends` the positions before text's
+    last that hold suffix's last token (ascending) and `match` [same size] how many tokens agree backwards from
+    each, up to n_cap. One vectorized pass per extra token."""
+    ends = np.flatnonzero(text[: len(text) - 1] == suffix[-1])
+    match = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for d in range(1, n_cap):
+        back = ends - d
+        alive &= back >= 0
+        alive[alive] &= text[back[alive]] == suffix[-1 - d]
+        match += alive
+    return ends, match
+
+
+def copy_from(seq: np.ndarray, src: int, n: int) -> list[int]:
+    """n tokens of seq from src on; past the end the copy continues periodically, as an LZ77 copy does."""
     out: list[int] = []
-    for j in range(gamma):
+    for j in range(n):
         k = src + j
-        out.append(int(seq[k]) if k < length else out[k - length])
-    return src, n, out
+        out.append(int(seq[k]) if k < len(seq) else out[k - len(seq)])
+    return out
 
 
 MAX_BRANCH_SCAN = 256  # find_continuations reads at most this many earlier matches (a common token recurs often)
@@ -75,29 +84,12 @@ def find_continuations(seq: np.ndarray, n_max: int, n_min: int, depth: int,
     length = len(seq)
     if length < 2:
         return []
-    ends = np.flatnonzero(seq[: length - 1] == seq[length - 1])
-    if ends.size == 0:
-        return []
-    match = np.ones(ends.size, dtype=np.int64)
-    alive = np.ones(ends.size, dtype=bool)
-    for d in range(1, min(n_max, length - 1)):
-        back = ends - d
-        alive &= back >= 0
-        alive[alive] &= seq[back[alive]] == seq[length - 1 - d]
-        match += alive
+    ends, match = suffix_matches(seq, seq, min(n_max, length - 1))
     match = np.minimum(match, n_max)
     keep = match >= n_min
     ends, match = ends[keep], match[keep]
     order = np.lexsort((-ends, -match))[:limit]  # match length descending, then the most recent first
-    out = []
-    for i in order:
-        src = int(ends[i]) + 1
-        toks: list[int] = []
-        for j in range(depth):
-            k = src + j
-            toks.append(int(seq[k]) if k < length else toks[k - length])
-        out.append((src, int(match[i]), toks))
-    return out
+    return [(int(ends[i]) + 1, int(match[i]), copy_from(seq, int(ends[i]) + 1, depth)) for i in order]
 
 
 STRONG_MATCH = 3  # a match this long (or n_max, if smaller) copies the full gamma

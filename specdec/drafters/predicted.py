@@ -36,6 +36,7 @@ from specdec.core.errors import InvalidInputError
 from specdec.core.events import DraftNote
 from specdec.core.tree import TokenTree
 from specdec.drafters.base import Draft, no_draft, one_hot_draft
+from specdec.drafters.ngram import suffix_matches
 from specdec.drafters.tree import branch_tree
 
 
@@ -62,17 +63,10 @@ def realign(pred: np.ndarray, suffix: np.ndarray, n_max: int, n_min: int, anchor
     if n_cap < n_min or len(pred) < 2:
         return None
     # Candidate match ends: prediction positions holding the last output token, excluding the final one (nothing
-    # would follow it). Each candidate is extended backwards while it keeps agreeing with the suffix.
-    ends = np.flatnonzero(pred[: len(pred) - 1] == suffix[-1])
+    # would follow it), each extended backwards while it keeps agreeing with the suffix.
+    ends, match = suffix_matches(pred, suffix, n_cap)
     if ends.size == 0:
         return None
-    match = np.ones(ends.size, dtype=np.int64)
-    alive = np.ones(ends.size, dtype=bool)
-    for d in range(1, n_cap):
-        back = ends - d
-        alive &= back >= 0
-        alive[alive] &= pred[back[alive]] == suffix[-1 - d]
-        match += alive
     n = min(int(match.max()), n_cap)
     if n < n_min:
         return None
@@ -88,16 +82,9 @@ def realign_all(pred: np.ndarray, suffix: np.ndarray, n_max: int, n_min: int, an
     n_cap = min(n_max, len(suffix))
     if n_cap < n_min or len(pred) < 2:
         return []
-    ends = np.flatnonzero(pred[: len(pred) - 1] == suffix[-1])
+    ends, match = suffix_matches(pred, suffix, n_cap)
     if ends.size == 0:
         return []
-    match = np.ones(ends.size, dtype=np.int64)
-    alive = np.ones(ends.size, dtype=bool)
-    for d in range(1, n_cap):
-        back = ends - d
-        alive &= back >= 0
-        alive[alive] &= pred[back[alive]] == suffix[-1 - d]
-        match += alive
     out = []
     for n in range(min(int(match.max()), n_cap), n_min - 1, -1):
         nxt = ends[match == n] + 1  # ascending
