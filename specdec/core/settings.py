@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.sampling import SamplingConfig
+from specdec.core.verify import VERIFY_MODES
 
 MAX_GAMMA = 32
 MAX_NEW_TOKENS = 4096
@@ -33,7 +34,6 @@ DRAFTER_LABELS = {"model": "draft model", "ngram": "n-gram lookup", "early-exit"
 # and keeps a guess only if it is that token (the default of vLLM's strict sampler, TensorRT-LLM, llama.cpp);
 # "block" verifies the guesses jointly (Sun et al. 2024), keeping at least as many as "pq" in expectation.
 # All three are exact; with a one-hot q (greedy, copied text) "pq" and "strict" keep a guess equally often.
-VERIFY_MODES = ("pq", "strict", "block")
 VERIFY_LABELS = {"pq": "min(1, p/q) per token", "strict": "strict (target samples, guess must match)",
                  "block": "block (joint over the draft)"}
 MAX_PREDICTION_CHARS = 100_000

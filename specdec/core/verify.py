@@ -44,7 +44,7 @@ import torch
 
 from specdec.core.sampling import OneHot, Probs, dense, prob_at, sample, take_rows, zero_rows
 
-VERIFY_MODES = ("pq", "strict", "block")  # the same names as core.settings.VERIFY_MODES
+VERIFY_MODES = ("pq", "strict", "block")  # how the target checks the guesses (the module docstring)
 
 
 @dataclass
@@ -129,6 +129,18 @@ def kept_count(passed: torch.Tensor, mode: str) -> torch.Tensor:
     return (passed.long() * torch.arange(1, g + 1, device=passed.device)).amax(-1) if g else passed.long().sum(-1)
 
 
+def mode_tests(draft_tokens: torch.Tensor, draft_probs: Probs, target_probs: Probs, mode: str
+               ) -> tuple[Probs, torch.Tensor | None, torch.Tensor]:
+    """What a rule reads: (the q it judges against, block's weights or None, each guess's test [B, g]). Strict
+    judges against a one-hot q on each guess: the target's own draw decides (module docstring)."""
+    if mode == "strict":
+        draft_probs = OneHot(draft_tokens, target_probs.shape[-1])
+    if mode == "block":
+        weights, tests = block_tests(draft_tokens, draft_probs, target_probs)
+        return draft_probs, weights, tests.float()
+    return draft_probs, None, acceptance_probs(draft_tokens, draft_probs, target_probs)
+
+
 def verify_batch(
     draft_tokens: torch.Tensor,
     draft_probs: Probs,
@@ -148,14 +160,7 @@ def verify_batch(
     if mode not in VERIFY_MODES:
         raise ValueError(f"verification mode must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
     b, g = draft_tokens.shape
-    if mode == "strict":  # the target's own draw decides: pq against a one-hot q on each guess (docstring)
-        draft_probs = OneHot(draft_tokens, target_probs.shape[-1])
-    weights = None
-    if mode == "block":
-        weights, tests = block_tests(draft_tokens, draft_probs, target_probs)
-        a = tests.float()
-    else:
-        a = acceptance_probs(draft_tokens, draft_probs, target_probs)
+    draft_probs, weights, a = mode_tests(draft_tokens, draft_probs, target_probs, mode)
     u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype) if uniforms is None else uniforms.to(a)
     n_acc = kept_count(u < a, mode)
     p_next = take_rows(target_probs, n_acc)
@@ -233,9 +238,7 @@ def same_draft_verdicts(draft_tokens: torch.Tensor, draft_probs: Probs, target_p
     strict and block would have kept from the same guesses and the same draws."""
     out = []
     for mode in VERIFY_MODES:
-        q = OneHot(draft_tokens, target_probs.shape[-1]) if mode == "strict" else draft_probs
-        tests = block_tests(draft_tokens[None], q[None], target_probs[None])[1][0] if mode == "block" else \
-            acceptance_probs(draft_tokens[None], q[None], target_probs[None])[0]
+        tests = mode_tests(draft_tokens[None], draft_probs[None], target_probs[None], mode)[2][0]
         n = int(kept_count((uniforms.to(tests) < tests)[None], mode)[0])
         out.append(ModeVerdict(mode, tests.float().tolist(), n, expected_kept(tests, mode)))
     return out
