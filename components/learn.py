@@ -18,9 +18,11 @@ import plotly.graph_objects as go
 
 from specdec.core import events
 from specdec.core.events import Round, TokenProb
+from specdec.core.tree_events import TREE_ACCEPTED, TREE_UNTRIED, TreeRoundEvent
 from specdec.learn.lab import LEVEL, HundredPoints, LabResult, RealCheck, RunPoint, format_p_value, speedup_curve
 
 from .phases import same_draft_html
+from .tree import render_tree
 from .style import COLORS, TOKEN_COLORS, layout
 from .tokens import piece_html
 
@@ -270,6 +272,101 @@ def walkthrough_html(rnd: Round, step: int, context: str | None = None) -> str:
         f'<div class="learn-details">{_details_table(rnd, step)}{_side_panels(rnd, step)}</div>'
         f"</div>"
     )
+
+
+# ------------------------------------------------------------------------------------- tree walkthrough
+#
+# A tree round steps as: the drafted tree, the one pass that scores it, one step per child the rule tried (in the
+# order it tried them), the repair or bonus that ends the path, the round's result. Each step draws the tree with
+# only the tries made so far decided (components.tree.render_tree on a partial copy of the event).
+
+
+def walk_steps(rnd: Round) -> int:
+    """How many steps the walkthrough has for this round: the chain's STEPS, or a tree round's own count."""
+    return N_STEPS if rnd.tree is None else len(rnd.tree.steps) + 4
+
+
+def tree_step_name(event: TreeRoundEvent, step: int) -> str:
+    tries = len(event.steps)
+    if step == 0:
+        return "Draft a token tree"
+    if step == 1:
+        return "One pass scores every node"
+    if step < 2 + tries:
+        node = event.nodes[event.steps[step - 2]]
+        return f"Try {node.piece.strip() or repr(node.piece)} (depth {node.depth})"
+    return {2 + tries: "Bonus token" if event.bonus else "Repair"}.get(step, "Round result")
+
+
+def partial_tree(event: TreeRoundEvent, tried: int) -> TreeRoundEvent:
+    """The event as it stands after the rule's first `tried` tries: later nodes undecided, the path so far."""
+    import dataclasses
+
+    done = set(event.steps[:tried])
+    nodes = [n if n.node in done else dataclasses.replace(n, fate=TREE_UNTRIED, r=None, accept_prob=None, uniform=None)
+             for n in event.nodes]
+    return dataclasses.replace(event, nodes=nodes, path=[n for n in event.path if n in done])
+
+
+def _tree_narrative(rnd: Round, event: TreeRoundEvent, step: int) -> str:
+    tries = len(event.steps)
+    shape = ",".join(map(str, event.widths)) or "?"
+    how = ("chosen deterministically (the draft's likeliest tokens): each child's q is one-hot, so the rule keeps "
+           "it with chance r(x), the residual's own probability" if event.one_hot else
+           "drawn from the draft's distribution q, so the rule keeps each with chance min(1, r(x)/q(x))")
+    if step == 0:
+        return (f"The draft grows a tree instead of one chain: widths {html.escape(shape)}, "
+                f"{_plural(len(event.nodes), 'node')} in all, one draft pass per depth. The children were {how}.")
+    if step == 1:
+        return ("The target scores the committed text plus <b>every</b> node in one forward pass. A tree attention "
+                "mask lets each node see the text and its own ancestors only, never a sibling or a cousin, and its "
+                "position is the text's length plus its depth. Each chip now shows p(x), the target's chance of "
+                "the node after its parent.")
+    if step < 2 + tries:
+        node = event.nodes[event.steps[step - 2]]
+        where = "the committed text" if node.parent < 0 else f"“{html.escape(event.nodes[node.parent].piece)}”"
+        q = "1 (chosen deterministically)" if event.one_hot else f"{node.q:.3g}"
+        verdict = (f"u = {node.uniform:.2f} &lt; {node.accept_prob:.2f}: <b>accepted</b>. The walk moves down to it "
+                   "and tries its children with a fresh residual, the target's p after it."
+                   if node.fate == TREE_ACCEPTED else
+                   f"u = {node.uniform:.2f} ≥ {node.accept_prob:.2f}: <b>refused</b>. The residual loses it, "
+                   "r ← normalize(max(0, r − q)), and the next sibling is tried against what is left.")
+        return (f"At {where}, the rule tries <b>{piece_html(node.piece)}</b>: r(x) = {node.r:.3g}, q(x) = {q}, "
+                f"keep chance {node.accept_prob:.3g}. {verdict}")
+    emitted = piece_html(event.emitted_piece)
+    if step == 2 + tries:
+        if event.bonus:
+            return (f"The walk reached a node with no children left to try, so the target's p there, already "
+                    f"computed in the same pass, gives one more token for free: <b>{emitted}</b>.")
+        return (f"Every child tried at the end of the path was refused, so the token is drawn from the residual that "
+                f"is left, with the refused siblings removed: <b>{emitted}</b>. This keeps the output exactly the "
+                "target's.")
+    committed = rnd.committed_pieces
+    return (f"Round output: <b>{' '.join(piece_html(p) for p in committed) or '∅'}</b>: "
+            f"{_plural(len(committed), 'token')} from one target pass over {_plural(len(event.nodes), 'node')} "
+            f"({_plural(len(event.path), 'accepted node')} plus the {html.escape(event.emitted_kind)}).")
+
+
+def tree_walkthrough_html(rnd: Round, step: int, context: str | None = None) -> str:
+    """The walkthrough panel for a tree round (rnd.tree set): progress dots, the tree as it stands, the story."""
+    event = rnd.tree
+    total = walk_steps(rnd)
+    step = max(0, min(total - 1, int(step)))
+    tries = len(event.steps)
+    tried = 0 if step < 2 else min(tries, step - 1)
+    shown = partial_tree(event, tried) if tried < tries else event
+    dots = "".join(
+        f'<span class="learn-dot{" learn-dot-on" if i == step else ""}{" learn-dot-done" if i < step else ""}" '
+        f'title="{html.escape(tree_step_name(event, i))}">{i + 1}</span>' for i in range(total))
+    ctx = (f'<div class="learn-context">Text so far: <code>{html.escape(context)}</code></div>' if context
+           else f'<div class="learn-context">Round {rnd.index + 1}, after {rnd.position} generated tokens</div>')
+    done = step >= 2 + tries
+    tree = render_tree(shown, rnd.index, "".join(rnd.committed_pieces) if step == total - 1 else None, done)
+    return (f'<div class="learn-walk learn-tree-walk" data-step="{step}">'
+            f'<div class="learn-steps">{dots}<span class="learn-step-name" id="learn-step-name">'
+            f'Step {step + 1} of {total}: {html.escape(tree_step_name(event, step))}</span></div>{ctx}'
+            f'<div class="learn-tree{" learn-tree-scored" if step >= 1 else ""}">{tree}</div>'
+            f'<p class="learn-story">{_tree_narrative(rnd, event, step)}</p></div>')
 
 
 # ------------------------------------------------------------------------------------------- 100 points

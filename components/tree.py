@@ -97,16 +97,17 @@ def _emitted_chip(event: TreeRoundEvent, round_index: int) -> str:
             f'<span class="tn-sub">{html.escape(sub)}</span></span>')
 
 
-def _kids(event: TreeRoundEvent, node: int, round_index: int, path_index: dict[int, int]) -> str:
+def _kids(event: TreeRoundEvent, node: int, round_index: int, path_index: dict[int, int],
+          show_emitted: bool = True) -> str:
     """The children of `node` (-1: the root) as a column of branches, the emitted token last at the path's end."""
     branches = []
     for child in event.children(node):
         on_path = child.node in path_index
-        inner = _kids(event, child.node, round_index, path_index)
+        inner = _kids(event, child.node, round_index, path_index, show_emitted)
         cls = "tn-branch tn-on-path" if on_path else "tn-branch"
         branches.append(f'<div class="{cls}">{_chip(event, child, round_index, path_index.get(child.node))}'
                         f"{inner}</div>")
-    if node == event.end_node:
+    if node == event.end_node and show_emitted:
         branches.append(f'<div class="tn-branch tn-on-path tn-end">{_emitted_chip(event, round_index)}</div>')
     return f'<div class="tn-kids">{"".join(branches)}</div>' if branches else ""
 
@@ -120,9 +121,10 @@ def tree_summary(event: TreeRoundEvent) -> str:
             f"{event.emitted_kind} {quoted(event.emitted_piece)} · {q}")
 
 
-def render_tree(event: TreeRoundEvent | None, round_index: int = 0, committed_text: str = "") -> str:
+def render_tree(event: TreeRoundEvent | None, round_index: int = 0, committed_text: str | None = "",
+                show_emitted: bool = True) -> str:
     """One tree round as HTML (see the module docstring); `committed_text` (what the round added) is shown under
-    the tree."""
+    the tree (None: no such line); show_emitted=False leaves out the repair or bonus chip (a walk not yet over)."""
     if event is None:
         return ('<div class="sd-tree sd-tree-empty">Turn on “Token tree” and press Generate or Step: each round\'s '
                 "token tree appears here.</div>")
@@ -130,13 +132,14 @@ def render_tree(event: TreeRoundEvent | None, round_index: int = 0, committed_te
     root_title = html.escape("the root: the committed text so far; its children are the depth-1 guesses", quote=True)
     body = (f'<div class="tn-branch tn-on-path tn-rootbranch"><span class="tn tn-root" title="{root_title}">'
             f'<span class="tn-piece">▸</span><span class="tn-sub">context</span></span>'
-            f"{_kids(event, -1, round_index, path_index)}</div>")
+            f"{_kids(event, -1, round_index, path_index, show_emitted)}</div>")
     legend = "".join(f'<span class="tn-key"><span class="tn-sample {cls}">{html.escape(sample)}</span>'
                      f"{html.escape(label)}</span>" for cls, sample, label in LEGEND)
     legend += '<span class="tn-key tn-hint">hover a node for p, q, r and u</span>'
 
-    text = (f'<div class="tn-commit">committed this round: <span class="tn-commit-text">'
-            f"{html.escape(visible_piece(committed_text)) if committed_text else '∅'}</span></div>")
+    text = "" if committed_text is None else (
+        f'<div class="tn-commit">committed this round: <span class="tn-commit-text">'
+        f"{html.escape(visible_piece(committed_text)) if committed_text else '∅'}</span></div>")
     return (f'<div class="sd-tree" data-r="{round_index}">'
             f'<div class="tn-head"><b>Round {round_index + 1}</b> · {html.escape(tree_summary(event))}</div>'
             f'<div class="tn-legend">{legend}</div>'

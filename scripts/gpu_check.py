@@ -10,7 +10,11 @@ No real weights travel to the device machine (64 MiB upload), so:
   * timings run on random-weight models built from the real Qwen2.5-Coder 1.5B (target) and 0.5B (draft) configs
     (weights do not change the cost of a forward pass): a target pass over k = 1..16 new tokens after a
     128-token prefix, a draft pass (reduced and full vocabulary head), c, plain per-token costs, and the loop's
-    overhead per round by category (specdec.bench.overhead).
+    overhead per round by category (specdec.bench.overhead);
+  * engines (specdec.core.static_cache): the eager loop against the static cache with compiled passes (CUDA
+    graphs on CUDA), on the same random-weight models: target and draft pass ms, c, compile seconds, tok/s of plain,
+    draft-model and prompt-lookup runs, host syncs per round (torch.cuda.set_sync_debug_mode), and greedy equality
+    of every compiled run with the eager one.
 Every timed region is bracketed by torch.cuda.synchronize. Writes one JSON ($OUT/gpu-check.json when $OUT is set)
 and prints a summary; exits 1 when an exactness check fails.
 """
@@ -310,6 +314,113 @@ def host_sync_probe(pair, cfg) -> dict:
             "host_read_after_matmul_ms": host_read(False), "sync_then_host_read_ms": host_read(True)}
 
 
+@torch.inference_mode()
+def engine_pass_ms(pair, engine: str, cfg) -> dict:
+    """Median ms of a target pass over 1 and gamma + 1 new tokens and of a draft pass over 1 (reduced head), after a
+    prefix, on one engine; the first passes of each shape (compilation, graph capture) are timed apart."""
+    from specdec.core.static_cache import open_lm
+    from specdec.drafters.head import AUTO_DRAFT_VOCAB
+
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(200, pair.vocab_size, (cfg.prefix,), generator=gen).tolist()
+    new = torch.randint(200, pair.vocab_size, (8,), generator=gen).tolist()
+    head = AUTO_DRAFT_VOCAB if pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB else pair.vocab_size // 2
+    out = {}
+    t0 = time.perf_counter()
+    for name, lm, ks in (("target", open_lm(pair.target, pair.vocab_size, engine=engine, max_len=cfg.prefix + 64),
+                          (1, 5)),
+                         ("draft", open_lm(pair.draft, pair.vocab_size, head, pair.eos_token_ids, engine=engine,
+                                           max_len=cfg.prefix + 64), (1,))):
+        lm.feed(prefix)
+        for k in ks:
+            def one(k=k, lm=lm):
+                lm.feed(new[:k], k)
+                lm.crop(cfg.prefix)
+            w0 = time.perf_counter()
+            for _ in range(cfg.warmup + 2):
+                one()
+            out[f"{name}_warmup_s_k{k}"] = time.perf_counter() - w0
+            out[f"{name}_ms_k{k}"] = med(timed_ms(one, pair.device, cfg.reps))
+    out["c_pass"] = out["draft_ms_k1"] / out["target_ms_k1"] if out["target_ms_k1"] else None
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def count_syncs(fn, dev: torch.device) -> tuple[object, int | None]:
+    """fn()'s result and how many host syncs CUDA reported during it (None on a CPU)."""
+    if dev.type != "cuda":
+        return fn(), None
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            res = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return res, sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
+@torch.inference_mode()
+def engine_runs(pair, engine: str, cfg) -> dict:
+    """Plain, draft-model and prompt-lookup runs on one engine: tok/s (median of repeats, after a warm-up run),
+    the generated ids (to compare engines), and host syncs per round of one extra draft-model run."""
+    import dataclasses
+
+    from specdec.core.settings import DecodeSettings
+    from specdec.loop.decoder import SpeculativeDecoder
+    from specdec.loop.plain import plain_decode
+
+    p = dataclasses.replace(pair, engine=engine)
+    s = DecodeSettings(gamma=4, max_new_tokens=cfg.overhead_tokens)
+    prompt = PROMPTS[0]
+
+    def spec(drafter):
+        dec = SpeculativeDecoder(p, prompt, dataclasses.replace(s, drafter=drafter), top_k=0)
+        for _ in dec:
+            pass
+        return dec
+
+    out = {}
+    for name, run in (("plain", lambda: plain_decode(p, prompt, s)), ("model", lambda: spec("model")),
+                      ("ngram", lambda: spec("ngram"))):
+        run()  # warm-up: compilation and graph capture
+        times, res = [], None
+        for _ in range(cfg.probe_repeats):
+            sync(pair.device)
+            t0 = time.perf_counter()
+            res = run()
+            sync(pair.device)
+            times.append(time.perf_counter() - t0)
+        ids = res.ids if name == "plain" else res.generated_ids
+        out[name] = {"tok_s": len(ids) / med(times), "tokens": len(ids), "ids": ids}
+        if name != "plain":
+            out[name]["tokens_per_round"] = len(ids) / max(1, len(res.rounds))
+    dec, syncs = count_syncs(lambda: spec("model"), pair.device)
+    out["host_syncs_per_round"] = None if syncs is None else syncs / max(1, len(dec.rounds))
+    return out
+
+
+def engines(dev: torch.device, cfg) -> dict:
+    """Eager against compiled on the random real-shape pair: pass costs, runs, and equal greedy ids."""
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    pair = random_pair(dev, dtype, cfg.short)
+    res = {"dtype": str(dtype).replace("torch.", "")}
+    for engine in ("eager", "compiled"):
+        t0 = time.perf_counter()
+        res[engine] = {"passes": engine_pass_ms(pair, engine, cfg), "runs": engine_runs(pair, engine, cfg)}
+        res[engine]["seconds"] = time.perf_counter() - t0
+    res["greedy_equal"] = {n: res["eager"]["runs"][n]["ids"] == res["compiled"]["runs"][n]["ids"]
+                           for n in ("plain", "model", "ngram")}
+    res["ok"] = all(res["greedy_equal"].values())
+    for engine in ("eager", "compiled"):
+        for run in res[engine]["runs"].values():
+            if isinstance(run, dict):
+                run.pop("ids", None)
+    return res
+
+
 def timings(dev: torch.device, cfg) -> dict:
     from specdec.loop.plain import measure_step_costs
     from specdec.bench.overhead import PROMPTS as OVERHEAD_PROMPTS
@@ -397,6 +508,17 @@ def summary_lines(report: dict) -> list[str]:
                          "before each host read: " + " ".join(f"{v:.2f}" for v in h["round_ms_sync_before_reads"])
                          + f" | host read after a matmul {h['host_read_after_matmul_ms']:.3f} ms, after an explicit "
                          f"sync {h['sync_then_host_read_ms']:.3f} ms")
+    e = report.get("engines")
+    if e:
+        for engine in ("eager", "compiled"):
+            ps, rs = e[engine]["passes"], e[engine]["runs"]
+            syncs = rs.get("host_syncs_per_round")
+            lines.append(f"{engine:8s} ({e['dtype']}): target {ps['target_ms_k1']:.2f} ms (k=1), "
+                         f"{ps['target_ms_k5']:.2f} ms (k=5), draft {ps['draft_ms_k1']:.2f} ms, c_pass "
+                         f"{ps['c_pass']:.3f}, first passes {ps['target_warmup_s_k1'] + ps['target_warmup_s_k5'] + ps['draft_warmup_s_k1']:.1f} s"
+                         f" | tok/s plain {rs['plain']['tok_s']:.1f}, model {rs['model']['tok_s']:.1f}, ngram "
+                         f"{rs['ngram']['tok_s']:.1f}" + ("" if syncs is None else f" | host syncs/round {syncs:.1f}"))
+        lines.append("compiled greedy ids == eager: " + ", ".join(f"{k} {v}" for k, v in e["greedy_equal"].items()))
     lines.append(f"total {report['seconds']:.0f} s -> {'OK' if report['ok'] else 'FAIL'}")
     return lines
 
@@ -407,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--short", action="store_true", help="small sizes and counts (CI)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--skip-timings", action="store_true")
+    ap.add_argument("--skip-engines", action="store_true", help="leave out eager vs compiled")
     ap.add_argument("--out", default=None, help="JSON path (default: $OUT/gpu-check.json, else ./gpu-check.json)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -422,7 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_timings:
         print("timings on random-weight Qwen2.5-Coder 1.5B/0.5B-shaped models ...", file=sys.stderr, flush=True)
         report["timings"] = timings(dev, cfg)
-    report["ok"] = all(r["ok"] for r in report["exactness"].values())
+    if not args.skip_engines:
+        print("engines: eager vs compiled static cache ...", file=sys.stderr, flush=True)
+        report["engines"] = engines(dev, cfg)
+    report["ok"] = all(r["ok"] for r in report["exactness"].values()) and report.get("engines", {}).get("ok", True)
     report["seconds"] = time.perf_counter() - t0
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "gpu-check.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,12 @@ def _add_model_args(ap: argparse.ArgumentParser) -> None:
                     help="quantize the draft's weights: int8 (weight-only, per-row scales; CPU with bfloat16 or "
                          "float16 activations, 'auto' dtype picks bfloat16); default: the pair's own (none, or int8 "
                          "for default-int8)")
+    ap.add_argument("--compile", dest="engine", action="store_const", const="compiled", default=None,
+                    help="static KV cache with the decode and verify passes under torch.compile (CUDA graphs on a "
+                         "GPU); same as --engine compiled or SPECDEC_COMPILE=1")
+    ap.add_argument("--engine", dest="engine", choices=["eager", "static", "compiled"],
+                    help="how chain passes run: eager (dynamic cache), static (preallocated cache, eager passes) or "
+                         "compiled (default: $SPECDEC_COMPILE, else eager)")
 
 
 def _add_sampling_args(ap: argparse.ArgumentParser) -> None:
@@ -134,7 +140,7 @@ def load_from_args(args):
 
     return load_pair(args.pair, target=args.target, draft=args.draft, dtype=args.dtype, device=args.device,
                      device_map=getattr(args, "device_map", None), draft_quant=getattr(args, "draft_quant", None),
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+                     progress=lambda m: print(m, file=sys.stderr, flush=True), engine=getattr(args, "engine", None))
 
 
 def cmd_generate(args) -> int:

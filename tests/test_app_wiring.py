@@ -314,7 +314,8 @@ def test_learn_tab_consumers_take_the_playgrounds_records(pg):
     records = out[RECORDED]
     rec = records[0]
     keys = [v for _, v in round_choices(records)]
-    assert keys[:2] == ["builtin:reject", "builtin:bonus"] and keys[2:] == [f"run:{r.index}" for r in rec.rounds]
+    assert keys[:3] == ["builtin:reject", "builtin:bonus", "builtin:tree"]
+    assert keys[3:] == [f"run:{r.index}" for r in rec.rounds]
     assert f"Round {len(rec.rounds)}, after" in render_walkthrough(f"run:{len(rec.rounds) - 1}", 0, records)
     assert "gone" in render_walkthrough("run:999", 0, records)
     m = rec.metrics

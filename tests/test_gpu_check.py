@@ -31,6 +31,13 @@ def test_gpu_check_short_on_cpu(tmp_path):
     probe = t["host_sync_probe_tiny"]
     assert len(probe["round_ms"]) == len(probe["round_ms_sync_before_reads"]) >= 1
     assert "greedy spec == plain" in proc.stdout and "overhead_tiny" in proc.stdout
+    e = report["engines"]
+    assert e["ok"] and all(e["greedy_equal"].values())
+    for engine in ("eager", "compiled"):
+        assert e[engine]["passes"]["target_ms_k1"] > 0 and e[engine]["passes"]["c_pass"] > 0
+        assert all(e[engine]["runs"][n]["tok_s"] > 0 for n in ("plain", "model", "ngram"))
+        assert e[engine]["runs"]["host_syncs_per_round"] is None  # counted on CUDA only
+    assert "compiled greedy ids == eager" in proc.stdout
 
 
 def test_gpu_check_refuses_cuda_without_a_gpu():

@@ -284,7 +284,7 @@ def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
     bare, timed = [dec.record()], [dec.record(StepCosts(20.0, 6.0))]
     for records in (bare, timed):
         keys = [v for _, v in round_choices(records)]
-        assert keys[:2] == ["builtin:reject", "builtin:bonus"] and len(keys) == 2 + len(rounds)
+        assert keys[:3] == ["builtin:reject", "builtin:bonus", "builtin:tree"] and len(keys) == 3 + len(rounds)
         for s in range(view.N_STEPS):
             assert "learn-walk" in render_walkthrough("run:0", s, records)
         (pt,) = lab.run_points(records)

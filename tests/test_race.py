@@ -27,9 +27,16 @@ def test_parse_lanes():
         LaneSpec("cross", 3, "confidence"), LaneSpec("early-exit", 4)]
 
 
+def test_parse_tree_lanes():
+    assert parse_lanes("model:tree321, ngram:tree4111:strict") == [
+        LaneSpec("model", tree=(3, 2, 1)), LaneSpec("ngram", verify="strict", tree=(4, 1, 1, 1))]
+    assert LaneSpec("model", tree=(3, 2, 1)).label == "draft model · tree 3,2,1"
+
+
 @pytest.mark.parametrize("text,match", [
     ("", "at least one"), ("plain", "drafter"), ("model:fast", "neither a gamma"), ("ngram:4:9:1", "drafter"),
-    (",".join(["model"] * 7), "at most 6"),
+    (",".join(["model"] * 7), "at most 6"), ("model:4:tree21", "treeWIDTHS"), ("model:treex", "one digit per depth"),
+    ("cross:tree21", "not cross"), ("model:tree888", "limit is 64"), ("model:tree09", "a tree width"),
 ])
 def test_parse_lanes_refuses_bad_text(text, match):
     with pytest.raises(InvalidInputError, match=match):
@@ -54,6 +61,28 @@ def test_greedy_race_lanes_write_the_same_text_interleaved(no_eos):
     last = {u.lane: u for u in updates}
     for lane in race.lanes:
         assert last[lane.index].tokens == lane.tokens and last[lane.index].done
+
+
+def test_a_tree_lane_races_beside_a_chain(no_eos):
+    """A token-tree lane steps like any other: greedy, it writes the plain lane's text; its rounds carry their
+    tree for the views, and it keeps more per target pass than the plain lane."""
+    from components.race import render_race
+
+    prompt = "abcabcabcab"
+    race = Race(no_eos, prompt, DecodeSettings(max_new_tokens=16), parse_lanes("model:4, model:tree321, ngram:tree411"))
+    list(race)
+    assert race.texts_identical
+    tree = race.lanes[2]
+    assert all(r.tree is not None for r in tree.rounds) and tree.target_passes < 16
+    assert race.summary()["lanes"][2]["tree"] == [3, 2, 1]
+    assert "tree 3,2,1" in render_race(race.view())
+    rec = race.records()[1]
+    assert rec.generated_ids == tree.ids
+
+
+def test_a_tree_lane_refuses_block_verification(tiny_pair):
+    with pytest.raises(InvalidInputError, match="tree 2,1.*block"):
+        Race(tiny_pair, "x", DecodeSettings(max_new_tokens=4), parse_lanes("model:tree21:block"))
 
 
 def test_speedup_is_against_the_plain_lane_of_the_race(no_eos):

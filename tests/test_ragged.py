@@ -158,15 +158,15 @@ def _exact_first_three(pair, prompt, cfg):
     return p1.numpy(), p2.numpy(), p3.numpy()
 
 
-def _chi_pvalues(pair, runs=100, copies=4, gamma=2):
+def _chi_pvalues(pair, runs=100, copies=4, gamma=2, verify="pq"):
     """Per prompt, the chi-square p-value of each of its first three tokens over many ragged runs; each prompt sits
-    in `copies` rows of every batch."""
+    in `copies` rows of every batch; `verify` is the rule the rows are judged by."""
     v = pair.vocab_size
     counts = np.zeros((3, len(CHI_PROMPTS), v))
     batch = [p for p in CHI_PROMPTS for _ in range(copies)]
     for seed in range(runs):
         res = ragged_batch_decode(pair, batch, DecodeSettings(gamma=gamma, max_new_tokens=3, sampling=CHI_CFG,
-                                                              seed=seed))
+                                                              seed=seed, verify=verify))
         for row, out in enumerate(res.ids):
             for j in range(3):
                 counts[j, row // copies, out[j]] += 1
@@ -182,6 +182,36 @@ def test_chi_square_per_row_first_three_tokens(no_eos, one_thread):
     per round and sit at different lengths in one cache."""
     for prompt, pvs in zip(CHI_PROMPTS, _chi_pvalues(no_eos)):
         assert min(pvs) > 1e-3, (prompt, pvs)
+
+
+@pytest.mark.parametrize("verify", ["strict", "block"])
+def test_chi_square_per_row_under_the_other_rules(no_eos, one_thread, verify, monkeypatch):
+    """The rows are judged by the rule the settings name (strict, block), and each row still follows its target."""
+    seen = set()
+
+    def spy(*a, mode="pq", **kw):
+        seen.add(mode)
+        return verify_batch(*a, mode=mode, **kw)
+
+    monkeypatch.setattr(ragged, "verify_batch", spy)
+    for prompt, pvs in zip(CHI_PROMPTS, _chi_pvalues(no_eos, runs=60, verify=verify)):
+        assert min(pvs) > 1e-3, (prompt, verify, pvs)
+    assert seen == {verify}
+
+
+def test_lockstep_rows_are_judged_by_the_settings_rule(tiny_pair, monkeypatch):
+    import specdec.loop.batched as batched
+
+    seen = set()
+
+    def spy(*a, mode="pq", **kw):
+        seen.add(mode)
+        return verify_batch(*a, mode=mode, **kw)
+
+    monkeypatch.setattr(batched, "verify_batch", spy)
+    batched.speculative_batch_decode(tiny_pair, PROMPTS[:2], DecodeSettings(gamma=2, max_new_tokens=6,
+                                                                            verify="strict"))
+    assert seen == {"strict"}
 
 
 def test_chi_square_catches_a_row_verified_against_another_rows_p(no_eos, monkeypatch, one_thread):
@@ -253,6 +283,24 @@ def test_schedule_turns_speculation_off_where_it_stops_paying():
     assert (sch.off_from(lock) or 17) <= (off or 17)
     with pytest.raises(ValueError):
         sch.gamma_for_batch(0, 0.5, c)
+
+
+def test_fitted_costs_give_a_table_that_only_shortens_the_draft():
+    """Costs measured with a few % of noise: read through the points the table may zig-zag; on the fitted lines
+    the draft only gets shorter as B grows (and turns off for good)."""
+    rng = np.random.default_rng(0)
+    noisy = lambda y: y * (1 + 0.05 * rng.standard_normal())  # noqa: E731
+    batches = (1, 2, 4, 8, 16)
+    target = [(b * k, noisy(240 + 6.3 * b * k)) for b in batches for k in (1, 2, 3, 5, 9)]
+    draft = [(b, noisy(80 + 4.0 * b)) for b in batches]
+    fitted = sch.BatchCosts.from_points(target, draft).fitted()
+    a0, a1 = sch.line_fit([x for x, _ in fitted.target], [y for _, y in fitted.target])
+    assert all(abs(y - (a0 + a1 * x)) < 1e-6 for x, y in fitted.target)  # every point on its line
+    assert abs(a0 - 240) < 30 and abs(a1 - 6.3) < 1.0
+    for alpha in (0.6, 0.75, 0.82, 0.9):
+        table = sch.gamma_table(alpha, fitted, up_to=16)
+        gs = [table[b] for b in range(1, 17)]
+        assert all(x >= y for x, y in zip(gs, gs[1:])), (alpha, gs)
 
 
 def test_schedule_fn_reads_the_table():

@@ -46,12 +46,13 @@ def test_a_wide_tree_keeps_more_per_pass_than_its_chain(tiny_pair, one_thread):
     assert passes[(3, 2, 1)] < passes[(1, 1, 1)], passes
 
 
-def tree_joint_chi_square(pair, prompt: str, widths, mode: str, n_samples: int):
+def tree_joint_chi_square(pair, prompt: str, widths, mode: str, n_samples: int, draft_vocab: int | None = None):
     law = exact_joint(pair, encode_prompt(pair.tokenizer, prompt), SAMPLED)
     cells = {seq: i for i, seq in enumerate(law)}
     counts = np.zeros(len(cells) + 1)
     for seed in range(n_samples):
-        dec = TreeDecoder(pair, prompt, DecodeSettings(max_new_tokens=3, sampling=SAMPLED, seed=seed), widths, mode)
+        s = DecodeSettings(max_new_tokens=3, sampling=SAMPLED, seed=seed, draft_vocab=draft_vocab)
+        dec = TreeDecoder(pair, prompt, s, widths, mode)
         list(dec)
         counts[cells.get(tuple(dec.generated_ids), len(cells))] += 1
     return chi_square(counts, list(law.values()) + [0.0])
@@ -61,6 +62,20 @@ def tree_joint_chi_square(pair, prompt: str, widths, mode: str, n_samples: int):
 def test_first_three_tokens_of_tree_rounds_follow_the_target(no_eos, one_thread, mode, widths):
     test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), widths, mode, N_SAMPLES)
     assert test.p_value > 1e-3, (mode, widths, test)
+
+
+@pytest.mark.parametrize("mode", ["top-k", "sampled"])
+def test_a_reduced_draft_head_keeps_tree_rounds_exact(no_eos, one_thread, mode):
+    """The draft scores ids below 40 plus EOS and the text's own ids: its children and their q come from that
+    subset only, and the emitted tokens still follow the target."""
+    prompt = _ngram_prompt(no_eos)
+    dec = TreeDecoder(no_eos, prompt, DecodeSettings(max_new_tokens=8, sampling=SAMPLED, draft_vocab=40), (2, 2), mode)
+    list(dec)
+    assert dec.draft.head_cut == 40
+    kept = set(range(40)) | set(dec.draft.head.extra_ids)
+    assert all(int(t) in kept for r in dec.rounds for t in r.tree.tokens.tolist())
+    test = tree_joint_chi_square(no_eos, prompt, (2, 2), mode, N_SAMPLES, draft_vocab=40)
+    assert test.p_value > 1e-3, (mode, test)
 
 
 def test_the_chi_square_catches_top_k_children_verified_as_if_sampled(no_eos, one_thread, monkeypatch):

@@ -35,6 +35,7 @@ EXTRA_ROWS = (("fox", 10.0, 10.0), ("bee", 10.0, 10.0), ("elk", 10.0, 10.0))  # 
 BUILTIN_LABELS = {
     "builtin:reject": "Example: “The cat sat down”, the target prefers “nearby”",
     "builtin:bonus": "Example: every guess passes, bonus token",
+    "builtin:tree": "Example: a token tree, “ cat” refused and “ dog ran” kept",
 }
 REAL_DEFAULT_PREFIX = "def fibonacci(n):\n    "
 
@@ -106,7 +107,8 @@ def round_for(choice: str | None, records: Sequence[RunRecord] | None) -> tuple[
 
 def render_walkthrough(choice, step, records) -> str:
     rnd, context, problem = round_for(choice, records)
-    body = view.walkthrough_html(rnd, int(step or 0), context)
+    page = view.walkthrough_html if rnd.tree is None else view.tree_walkthrough_html  # a tree round walks its tree
+    body = page(rnd, int(step or 0), context)
     return (view.message_html(problem, "warn") if problem else "") + body
 
 
@@ -307,7 +309,7 @@ def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
 
     def move(delta):
         def fn(choice, s, state):
-            s = max(0, min(view.N_STEPS - 1, int(s) + delta))
+            s = max(0, min(view.walk_steps(round_for(choice, state)[0]) - 1, int(s) + delta))
             return s, render_walkthrough(choice, s, state)
 
         return fn

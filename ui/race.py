@@ -29,6 +29,7 @@ LANE_PRESETS = {
     "every drafter": "model:4, ngram:32, early-exit:3, cross:4",
     "prompt lookup: γ 8 vs 32 vs adaptive": "ngram:8, ngram:32, ngram:expected",
     "draft model: γ policies": "model:4, model:heuristic, model:confidence, model:expected",
+    "chains vs token trees": "model:4, model:tree321, ngram:32, ngram:tree4111",
 }
 EXAMPLES = GROUNDED + [
     {"label": "Code · Python function", "chat": False,
@@ -100,8 +101,10 @@ def build_race_tab(get_pair: Callable) -> None:
             gr.Examples([[e["prompt"], e["chat"]] for e in EXAMPLES], inputs=[prompt, chat],
                         example_labels=[e["label"] for e in EXAMPLES], label="Example prompts")
             lanes = gr.Textbox(DEFAULT_LANES, label="Speculative lanes (the plain lane is always in)",
-                               info="drafter[:γ][:policy], comma-separated; drafters: model, ngram, early-exit, "
-                                    "cross; policies: fixed, heuristic, confidence, expected",
+                               info="drafter[:γ][:policy][:rule], comma-separated; drafters: model, ngram, "
+                                    "early-exit, cross, auto; policies: fixed, heuristic, confidence, "
+                                    "expected; rules: pq, strict, block; a token tree: model:tree321 (children per "
+                                    "node at each depth; model or ngram)",
                                elem_id="race-lanes")
             preset = gr.Dropdown(list(LANE_PRESETS), value=None, label="Lane presets", elem_id="race-presets")
             max_new = gr.Slider(8, 256, 64, step=1, label="Max new tokens", elem_id="race-max-new")

@@ -41,7 +41,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 
 from specdec.bench.harness import (MODES, Column, Contender, fmt, interleaved, log, ratio, split_list, table,
                                    upper_median, warm_up, write_result)
@@ -53,7 +52,7 @@ from specdec.core.settings import encode_prompt
 from specdec.drafters import resolve_draft_vocab
 from specdec.loop.batched import MAX_BATCH, BatchResult, plain_batch_decode, speculative_batch_decode
 from specdec.loop.ragged import RaggedLM, ragged_batch_decode
-from specdec.loop.schedule import BatchCosts, gamma_for_batch, gamma_table, off_from, schedule_fn
+from specdec.loop.schedule import BatchCosts, gamma_for_batch, gamma_table, line_fit, off_from, schedule_fn
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_OUT = "bench-results/batch.json"
@@ -211,7 +210,8 @@ def calibrate(pair, batches: list[int], modes: list[str], gamma: int, gamma_max:
               draft_vocab: int | None = None, log: Callable[[str], None] = print) -> dict:
     """Per mode, the schedule the `scheduled` loop runs with: α pooled from a ragged pilot run (γ = `gamma`, the
     first min(4, max B) prompts, seed 1000 so no measured run repeats it), the measured pass costs, and the table
-    {B: γ} over B = 1..max(batches) from `specdec.loop.schedule.gamma_table`."""
+    {B: γ} over B = 1..max(batches) from `specdec.loop.schedule.gamma_table`, read from the costs' fitted lines
+    (`BatchCosts.fitted`)."""
     ks = sorted({1, 2, 3, 5, gamma + 1, gamma_max + 1})
     out = {}
     for mode in modes:
@@ -221,7 +221,7 @@ def calibrate(pair, batches: list[int], modes: list[str], gamma: int, gamma_max:
                                                    seed=1000, draft_vocab=draft_vocab))
         st = pilot.stats()
         alpha = st["alpha"] or 0.0
-        costs = measure_pass_costs(pair, batches, ks, cfg, draft_vocab=draft_vocab)
+        costs = measure_pass_costs(pair, batches, ks, cfg, draft_vocab=draft_vocab).fitted()
         top = max(batches)
         table = gamma_table(alpha, costs, up_to=top, gamma_max=gamma_max)
         out[mode] = {
@@ -332,20 +332,6 @@ def run_batches(pair, batches: list[int], modes: list[str], gamma: int, max_new:
 
 
 # ------------------------------------------------------------------------------------------- prediction
-
-
-def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
-    """(intercept, slope) of the least-squares line through the points with both kept >= 0 (scipy's nnls): a pass
-    costs a fixed part plus a part per token, neither negative. Timing noise could otherwise fit a negative
-    intercept (absurd predictions at small B) or a falling cost. One distinct x gives a flat line at the mean."""
-    pts = [(float(x), float(y)) for x, y in zip(xs, ys) if x is not None and y is not None]
-    if not pts:
-        return None
-    if len({x for x, _ in pts}) == 1:
-        return float(np.mean([y for _, y in pts])), 0.0
-    a = np.array([[1.0, x] for x, _ in pts])
-    (intercept, slope), _ = nnls(a, np.array([y for _, y in pts]))
-    return float(intercept), float(slope)
 
 
 def expected_tokens_per_row(alpha: float, gamma: int, batch: int) -> float:

@@ -44,6 +44,9 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     "prompts (bf16 on the CPU; JSON to bench-results/int8.json unless --out)")
     ap.add_argument("--verify-modes", action="store_true", help="pq, strict and block verification on the same "
                     "drafts at temperatures 0, 0.3, 0.7 and 1 (JSON to assets/verify_modes.json unless --out)")
+    ap.add_argument("--engines", action="store_true", help="eager, static-cache and compiled engines side by side: "
+                    "plain decoding and the draft-model loop on each, compilation timed apart (JSON to "
+                    "bench-results/engines.json unless --out)")
     ap.add_argument("--batch", default=None, help="e.g. 1,2,4,8,16: batched speculative vs plain batched decoding "
                     "per batch size (latency vs throughput; JSON to bench-results/batch.json unless --out)")
     ap.add_argument("--loops", default=None, help="with --batch: comma list of lockstep,ragged,scheduled, the "
@@ -62,6 +65,8 @@ def cmd_bench(args, load) -> int:
         from specdec.bench.trees import cmd_tree_bench as cmd
     elif args.suite:  # the Spec-Bench-shaped suite
         from specdec.bench.suite import cmd_suite as cmd
+    elif args.engines:  # eager vs static vs compiled
+        from specdec.bench.engines import cmd_engines_bench as cmd
     elif args.int8_draft:  # the int8 draft against the bf16 one
         from specdec.bench.int8 import cmd_int8_bench as cmd
     elif args.verify_modes:  # the three verification rules on the same drafts

@@ -31,11 +31,13 @@ class PairInfo:
     dtype: str = "float32"
     vocab_size: int = 0
     draft_quant: str = ""  # the draft's weight quantization ("int8"); "": none
+    engine: str = "eager"  # how chain passes ran (specdec.core.static_cache.ENGINES)
 
     @classmethod
     def of(cls, pair: "ModelPair") -> "PairInfo":
         return cls(pair.name, pair.target_id, pair.draft_id, str(pair.device),
-                   str(pair.dtype).replace("torch.", ""), pair.vocab_size, getattr(pair, "draft_quant", ""))
+                   str(pair.dtype).replace("torch.", ""), pair.vocab_size, getattr(pair, "draft_quant", ""),
+                   getattr(pair, "engine", "eager"))
 
     @property
     def label(self) -> str:

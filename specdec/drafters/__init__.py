@@ -56,14 +56,15 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
     """
     check_combination(settings)
     threshold = settings.confidence_threshold if settings.gamma_policy == "confidence" else 0.0
+    cache = {"engine": getattr(pair, "engine", "eager"), "max_len": len(prompt_ids) + settings.max_new_tokens}
     if settings.drafter == "model":
         return DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
-                                 resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
+                                 resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids, **cache)
     if settings.drafter == "auto":
         from specdec.drafters.hybrid import HybridDrafter
 
         model = DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
-                                  resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids)
+                                  resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids, **cache)
         return HybridDrafter(model, pair.vocab_size, pair.device, settings.ngram_max, settings.ngram_min,
                              pair.eos_token_ids)
     if settings.drafter == "ngram":

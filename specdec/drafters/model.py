@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.core.events import DraftNote
-from specdec.core.kvcache import CachedLM
+from specdec.core.static_cache import open_lm
 from specdec.core.sampling import draw, stack_rows
 from specdec.drafters.base import Draft
 
@@ -39,8 +39,11 @@ class DraftModelDrafter:
     """
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, confidence_threshold: float = 0.0,
-                 head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
-        self.lm = CachedLM(model, vocab_size, head_vocab, always_keep)
+                 head_vocab: int = 0, always_keep: tuple[int, ...] = (), engine: str = "eager",
+                 max_len: int | None = None):
+        """`engine` / `max_len`: the draft's cache (specdec.core.static_cache.open_lm; a static one holds max_len
+        committed tokens)."""
+        self.lm = open_lm(model, vocab_size, head_vocab, always_keep, engine, max_len)
         self.confidence_threshold = confidence_threshold
         self._head_synced = 0  # committed[:_head_synced] are already in the reduced head
 

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core.events import Round, TokenProb
+from specdec.core.sampling import OneHot
+from specdec.core.tree import TokenTree, verify_tree
 from specdec.core.verify import verify
+from specdec.loop.tree_display import tree_chain_round, tree_round_event
 
 
 @dataclass
@@ -78,6 +81,49 @@ def _example_round(context: str, steps: list[tuple[str, dict[str, float], dict[s
     return ExampleRound(context, rnd)
 
 
+class WordTokenizer:
+    """Decodes the ids of a hand-made word list (what the tree display asks a tokenizer for)."""
+
+    def __init__(self, vocab: list[str]):
+        self.vocab = vocab
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.vocab[int(i)] for i in ids)
+
+    def batch_decode(self, rows, skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(r) for r in rows]
+
+
+def _tree_example(context: str, nodes: list[tuple[str, int]], p_rows: dict[int, dict[str, float]],
+                  uniforms: list[float], emit: str, widths: list[int]) -> ExampleRound:
+    """A tree round over a small word list: `nodes` are (piece, parent) in topological order, chosen
+    deterministically (one-hot q, as the draft model's top-k trees); p_rows[i] is the target's row after node i
+    (-1: after the context). verify_tree decides with the given uniforms; seeds are tried until its repair or bonus
+    draw is `emit`. The round is shown as the tree loop shows it (tree_round_event, tree_chain_round)."""
+    vocab = list(dict.fromkeys([w for w, _ in nodes] + [w for r in p_rows.values() for w in r]))
+    idx = {w: i for i, w in enumerate(vocab)}
+
+    def row(d: dict[str, float]) -> torch.Tensor:
+        t = torch.zeros(len(vocab))
+        for w, v in d.items():
+            t[idx[w]] = v
+        return t / t.sum()
+
+    tokens = torch.tensor([idx[w] for w, _ in nodes])
+    tree = TokenTree(tokens, [parent for _, parent in nodes], OneHot(tokens, len(vocab)))
+    p = torch.stack([row(p_rows[i]) for i in range(-1, len(nodes))])
+    tok = WordTokenizer(vocab)
+    for seed in range(1000):
+        verdict = verify_tree(tree, p, torch.Generator().manual_seed(seed), uniforms=list(uniforms))
+        if verdict.tokens[-1] == idx[emit]:
+            break
+    else:
+        raise ValueError(f"verify_tree never emitted {emit!r} for this example")
+    event = tree_round_event(tree, p, verdict, tok, "top-k", widths)
+    rnd = tree_chain_round(0, 0, tree, p, verdict, event, list(verdict.tokens), None, 0.0, 0.0, tok, len(vocab))
+    return ExampleRound(context, rnd)
+
+
 @functools.lru_cache(maxsize=1)
 def _example_rounds() -> dict[str, ExampleRound]:
     ctx = "Tell me where the cat is."
@@ -106,9 +152,21 @@ def _example_rounds() -> dict[str, ExampleRound]:
         [0.41, 0.27, 0.66, 0.12],
         emit=".",
     )
-    return {"builtin:reject": reject, "builtin:bonus": bonus}
+    # The draft's two likeliest first words, each with its likeliest next word: widths 2,1. The target refuses
+    # " cat" (u 0.62 against p 0.30), so r loses " cat"; then " dog" passes against r, and so does " ran" after it;
+    # " ran" has no children, so the bonus is drawn from p after it.
+    tree = _tree_example(
+        "Tell me where the cat is. The",
+        [(" cat", -1), (" dog", -1), (" sat", 0), (" ran", 1)],
+        {-1: {" cat": 30, " dog": 50, " owl": 20}, 0: {" sat": 60, " ran": 40}, 1: {" ran": 70, " sat": 30},
+         2: {" down": 100}, 3: {" away": 60, " off": 40}},
+        [0.62, 0.35, 0.48],
+        emit=" away", widths=[2, 1],
+    )
+    return {"builtin:reject": reject, "builtin:bonus": bonus, "builtin:tree": tree}
 
 
 def example_rounds() -> dict[str, ExampleRound]:
-    """The built-in rounds of the walkthrough: the story's rejected "down", and a round where all guesses pass."""
+    """The built-in rounds of the walkthrough: the story's rejected "down", a round where all guesses pass, and a
+    token-tree round (builtin:tree, its Round.tree set)."""
     return copy.deepcopy(_example_rounds())  # built once; callers get their own copy to read or modify

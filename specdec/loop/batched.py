@@ -342,7 +342,7 @@ class BatchedSpeculativeDecoder:
         vmask = torch.cat([rows.mask, act.expand(-1, gamma)], 1)
         fed = torch.cat([rows.tokens[:, self.target.length :], draft_tokens], 1)
         p = distribution(self.target.forward(fed, vmask, gamma + 1), cfg)  # [B, g+1, V], same warp as q
-        bv = verify_batch(draft_tokens, q, p, self.gen)
+        bv = verify_batch(draft_tokens, q, p, self.gen, mode=self.settings.verify)
         n_acc = bv.n_accepted.tolist()
         verify_ms = clock.lap()
 

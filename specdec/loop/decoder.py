@@ -17,7 +17,7 @@ import torch
 from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
 from specdec.core.events import Round, Totals
-from specdec.core.kvcache import CachedLM
+from specdec.core.static_cache import open_lm
 from specdec.core.metrics import StepCosts
 from specdec.core.record import RunRecord
 from specdec.core.sampling import Probs, distribution, make_generator
@@ -47,7 +47,8 @@ class SpeculativeDecoder:
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(pair.device, settings.seed)
         self.drafter = drafter or make_drafter(pair, settings, self.prompt_ids)
-        self.target = CachedLM(pair.target, pair.vocab_size)
+        self.target = open_lm(pair.target, pair.vocab_size, engine=pair.engine,
+                              max_len=len(self.prompt_ids) + self.settings.max_new_tokens)
         self.policy = make_policy(self.settings, gamma_schedule)
         self.top_k = top_k
         self.totals = Totals()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core.clock import Stopwatch
-from specdec.core.kvcache import CachedLM
+from specdec.core.static_cache import open_lm
 from specdec.core.metrics import StepCosts
 from specdec.core.sampling import draw, make_generator
 from specdec.core.settings import DecodeSettings, encode_prompt
@@ -25,11 +25,12 @@ class PlainDecoder:
     def __init__(self, pair: ModelPair, prompt_ids: list[int], settings: DecodeSettings, model: str = "target"):
         self.pair = pair
         self.settings = settings
+        budget = len(prompt_ids) + settings.max_new_tokens
         if model == "target":
-            self.lm = CachedLM(pair.target, pair.vocab_size)
+            self.lm = open_lm(pair.target, pair.vocab_size, engine=pair.engine, max_len=budget)
         else:
-            self.lm = CachedLM(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, settings.draft_vocab),
-                               pair.eos_token_ids)
+            self.lm = open_lm(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, settings.draft_vocab),
+                              pair.eos_token_ids, engine=pair.engine, max_len=budget)
             self.lm.keep_in_head(prompt_ids)
         self.gen = make_generator(pair.device, settings.seed)
         self.prompt_len = len(prompt_ids)

@@ -27,6 +27,8 @@ from specdec.core.stop import StopReason
 from specdec.drafters import make_drafter
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.loop.plain import BaselineResult, PlainDecoder
+from specdec.loop.tree import TreeDecoder
+from specdec.loop.tree_display import TreeRun
 
 PLAIN = "plain"
 MAX_LANES = 6  # speculative lanes per race (plus the plain one)
@@ -38,12 +40,15 @@ class LaneSpec:
     gamma: int = 4
     gamma_policy: str = "fixed"
     verify: str = "pq"  # one of VERIFY_MODES
+    tree: tuple[int, ...] = ()  # children per node at each depth: a token-tree lane (loop.tree); (): a chain
 
     @property
     def label(self) -> str:
         if self.drafter == PLAIN:
             return "plain target"
         how = f"γ={self.gamma}" if self.gamma_policy == "fixed" else f"γ {self.gamma_policy} (from {self.gamma})"
+        if self.tree:
+            how = "tree " + ",".join(map(str, self.tree))
         rule = "" if self.verify == "pq" else f" · {self.verify}"
         return f"{DRAFTER_LABELS.get(self.drafter, self.drafter)} · {how}{rule}"
 
@@ -52,25 +57,30 @@ _LANE_RE = re.compile(r"^\s*([a-z-]+)\s*((?::\s*[a-z0-9]+\s*){0,3})$")
 
 
 def parse_lanes(text: str) -> list[LaneSpec]:
-    """'model:4, ngram:8, ngram:expected, cross:4:confidence, model:4:strict' -> LaneSpecs: drafter, then a gamma,
-    a gamma policy ("auto" = expected) and a verification mode, in any order. The plain lane is always added by
-    the race itself."""
+    """'model:4, ngram:8, ngram:expected, cross:4:confidence, model:4:strict, model:tree321' -> LaneSpecs: drafter,
+    then a gamma, a gamma policy ("auto" = expected) and a verification mode, in any order; or, for the draft model
+    and the copying drafters, `tree` + one digit per depth (children per node) for a token-tree lane. The plain
+    lane is always added by the race itself."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidInputError("name at least one speculative lane, e.g. 'model:4, ngram:8'")
     lanes = []
     for part in text.split(","):
         m = _LANE_RE.match(part.lower())
         usage = (f"lane {part.strip()[:40]!r}: write drafter[:gamma][:policy][:verification], each at most once, "
-                 f"with a drafter from {', '.join(DRAFTERS)}, e.g. 'ngram:8', 'model:expected' or 'model:4:strict'")
+                 f"with a drafter from {', '.join(DRAFTERS)}, e.g. 'ngram:8', 'model:expected' or 'model:4:strict'; "
+                 f"or drafter:treeWIDTHS[:verification] for a token tree, e.g. 'model:tree321'")
         if not m or m.group(1) not in DRAFTERS:
             raise InvalidInputError(usage)
-        gamma, policy, rule = 4, "fixed", "pq"
+        gamma, policy, rule, tree = 4, "fixed", "pq", ()
         opts = [o.strip() for o in m.group(2).split(":") if o.strip()]
-        kinds = ["gamma" if o.isdigit() else "rule" if o in VERIFY_MODES else "policy" for o in opts]
-        if len(set(kinds)) < len(kinds):
+        kinds = ["gamma" if o.isdigit() else "rule" if o in VERIFY_MODES else "tree" if o.startswith("tree")
+                 else "policy" for o in opts]
+        if len(set(kinds)) < len(kinds) or ("tree" in kinds and {"gamma", "policy"} & set(kinds)):
             raise InvalidInputError(usage)
         for opt in opts:
-            if opt.isdigit():
+            if opt.startswith("tree"):
+                tree = _tree_widths(opt, part, m.group(1))
+            elif opt.isdigit():
                 gamma = int(opt)
             elif opt in GAMMA_POLICIES or opt == "auto":
                 policy = "expected" if opt == "auto" else opt
@@ -80,10 +90,24 @@ def parse_lanes(text: str) -> list[LaneSpec]:
                 raise InvalidInputError(f"lane {part.strip()[:40]!r}: {opt!r} is neither a gamma (1-{MAX_GAMMA}), a "
                                         f"gamma policy ({', '.join(GAMMA_POLICIES)}) nor a verification mode "
                                         f"({', '.join(VERIFY_MODES)})")
-        lanes.append(LaneSpec(m.group(1), gamma, policy, rule))
+        lanes.append(LaneSpec(m.group(1), gamma, policy, rule, tree))
     if len(lanes) > MAX_LANES:
         raise InvalidInputError(f"at most {MAX_LANES} speculative lanes per race, got {len(lanes)}")
     return lanes
+
+
+def _tree_widths(opt: str, part: str, drafter: str) -> tuple[int, ...]:
+    """'tree321' -> (3, 2, 1), checked as the tree loop checks a shape (drafters.tree.check_widths)."""
+    from specdec.drafters.tree import COPY_TREE_DRAFTERS, check_widths
+
+    digits = opt[len("tree"):]
+    if not digits.isdigit():
+        raise InvalidInputError(f"lane {part.strip()[:40]!r}: write a tree as 'tree' and one digit per depth, the "
+                                "children per node, e.g. tree321")
+    if drafter != "model" and drafter not in COPY_TREE_DRAFTERS:
+        raise InvalidInputError(f"lane {part.strip()[:40]!r}: token trees are drafted by the draft model or a "
+                                f"copying drafter ({', '.join(COPY_TREE_DRAFTERS)}), not {drafter}")
+    return tuple(check_widths([int(d) for d in digits], "top-k"))
 
 
 @dataclass
@@ -183,9 +207,12 @@ class Race:
                         verify=spec.verify)
             try:
                 drafter = None
-                if spec.drafter == "cross" and cross_draft is not None:
-                    drafter = make_drafter(pair, s.validate(), self.prompt_ids, cross_draft=cross_draft)
-                dec = SpeculativeDecoder(pair, prompt, s, drafter=drafter)
+                if spec.tree:  # a token-tree lane: TreeRun steps like a decoder and yields chain-view Rounds
+                    dec = TreeRun(TreeDecoder(pair, prompt, s, spec.tree, "top-k"))
+                else:
+                    if spec.drafter == "cross" and cross_draft is not None:
+                        drafter = make_drafter(pair, s.validate(), self.prompt_ids, cross_draft=cross_draft)
+                    dec = SpeculativeDecoder(pair, prompt, s, drafter=drafter)
             except InvalidInputError as exc:
                 raise InvalidInputError(f"lane '{spec.label}': {exc}") from exc
             self.lanes.append(Lane(len(self.lanes), spec))
@@ -307,7 +334,7 @@ class Race:
             base = self.plain_ms_for(lane.tokens)
             lanes.append({
                 "lane": lane.index, "label": lane.spec.label, "drafter": lane.spec.drafter, "gamma": lane.spec.gamma,
-                "gamma_policy": lane.spec.gamma_policy, "verify": lane.spec.verify, "text": self.text(lane.index), "tokens": lane.tokens,
+                "gamma_policy": lane.spec.gamma_policy, "verify": lane.spec.verify, "tree": list(lane.spec.tree), "text": self.text(lane.index), "tokens": lane.tokens,
                 "target_passes": lane.target_passes, "elapsed_ms": round(lane.elapsed_ms, 2),
                 "tok_s": round(lane.tok_s, 3), "tokens_per_pass": round(lane.tokens_per_pass, 3),
                 "speedup": None if self.speedup(lane.index) is None else round(self.speedup(lane.index), 3),

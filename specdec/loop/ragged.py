@@ -317,7 +317,7 @@ class RaggedBatchDecoder:
         fed = torch.cat([ids, draft_tokens], 1)
         fed_valid = torch.cat([valid, act.expand(-1, gamma)], 1)
         p = distribution(self.target.forward(fed, fed_valid, gamma + 1), cfg)  # [B, γ+1, V], the warp of q
-        bv = verify_batch(draft_tokens, q, p, self.gen)
+        bv = verify_batch(draft_tokens, q, p, self.gen, mode=self.settings.verify)
         n_acc = bv.n_accepted.tolist()
         verify_ms = clock.lap()
 

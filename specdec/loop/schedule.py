@@ -15,6 +15,10 @@ batch's smallest accepted count + 1 instead, 1 + Σ_{k=1..γ} α^(kB) for i.i.d.
 `gamma_for_batch` picks the γ with the highest predicted speedup; when even that is below `min_speedup`, it returns
 0: speculation off, a plain batched step. `gamma_table` does so for every B up to a limit and `off_from` names the
 batch size from which speculation stays off.
+
+Measured passes are noisy (a few % on a shared CPU), and a table read straight through them can zig-zag (γ 4, 2, 1,
+3, ... as B grows). `BatchCosts.fitted` replaces each cost by its least-squares line (a fixed part plus a part per
+token or row, neither negative): the model the bench states, and a table that only shortens the draft as B grows.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
 
 from specdec.core.metrics import expected_tokens_per_round
 
@@ -51,6 +58,25 @@ def _points(pairs: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], 
     return tuple((x, sum(ys) / len(ys)) for x, ys in sorted(by_x.items()))
 
 
+def line_fit(xs, ys) -> tuple[float, float] | None:
+    """(intercept, slope) of the least-squares line through the points with both kept >= 0 (scipy's nnls): a pass
+    costs a fixed part plus a part per token, neither negative. Timing noise could otherwise fit a negative
+    intercept (absurd predictions at small B) or a falling cost. One distinct x gives a flat line at the mean."""
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys) if x is not None and y is not None]
+    if not pts:
+        return None
+    if len({x for x, _ in pts}) == 1:
+        return float(np.mean([y for _, y in pts])), 0.0
+    a = np.array([[1.0, x] for x, _ in pts])
+    (intercept, slope), _ = nnls(a, np.array([y for _, y in pts]))
+    return float(intercept), float(slope)
+
+
+def _on_line(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    fit = line_fit([x for x, _ in points], [y for _, y in points])
+    return points if fit is None else tuple((x, fit[0] + fit[1] * x) for x, _ in points)
+
+
 @dataclass(frozen=True)
 class BatchCosts:
     """Measured ms per pass on one machine: `target` maps tokens scored in one target pass (rows × tokens per row)
@@ -62,6 +88,10 @@ class BatchCosts:
     @classmethod
     def from_points(cls, target: Iterable[tuple[float, float]], draft: Iterable[tuple[float, float]]) -> BatchCosts:
         return cls(_points(target), _points(draft))
+
+    def fitted(self) -> BatchCosts:
+        """The same measured xs, each cost moved onto its least-squares line (`line_fit`)."""
+        return BatchCosts(_on_line(self.target), _on_line(self.draft))
 
     def target_ms(self, tokens: float) -> float:
         return _interp(self.target, tokens)

@@ -26,7 +26,7 @@ from specdec.core.settings import TOP_DISPLAY, DecodeSettings, encode_prompt
 from specdec.core.stop import StopReason, cut_at_stop
 from specdec.core.tree import TokenTree, TreeVerdict, verify_tree
 from specdec.core.tree_events import TreeRoundEvent
-from specdec.drafters import make_drafter
+from specdec.drafters import make_drafter, resolve_draft_vocab
 from specdec.drafters.tree import COPY_TREE_DRAFTERS, TreeDrafter, check_widths, copy_tree_bounds, draft_tree
 from specdec.loop.tree_display import tree_chain_round, tree_round_event
 from specdec.models.pair import ModelPair
@@ -75,7 +75,11 @@ class TreeDecoder:
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(self.pair.device, self.settings.seed)
         self.target = CachedLM(self.pair.target, self.pair.vocab_size)
-        self.draft = CachedLM(self.pair.draft, self.pair.vocab_size)
+        # The draft's reduced head, as the chain drafter runs it (ids below the cut, EOS and the text's own tokens):
+        # each depth's pass projects onto fewer rows; q is exactly the distribution over the kept ids it scores.
+        self.draft = CachedLM(self.pair.draft, self.pair.vocab_size,
+                              resolve_draft_vocab(self.pair, self.settings.draft_vocab), self.pair.eos_token_ids)
+        self.draft.keep_in_head(self.prompt_ids)
         self.rounds: list[TreeRound] = []
         self.stop_reason: StopReason | None = None
         self.totals = Totals()
@@ -116,6 +120,7 @@ class TreeDecoder:
         self.target.keep_path(self.ids, verdict.path)  # the accepted path's slots stay, the rest go
         if self.drafter is None:
             self.draft.sync(self.ids)
+            self.draft.keep_in_head(committed)
         rnd = TreeRound(tree, verdict, committed, self.stop_reason)
         self._display(rnd, p, widths, draft_ms, verify_ms, clock)
         self.rounds.append(rnd)

@@ -160,6 +160,10 @@ class TreeRun:
         return self.tree.done
 
     @property
+    def stop_reason(self):
+        return self.tree.stop_reason
+
+    @property
     def rounds(self) -> list[Round]:
         return [r.round for r in self.tree.rounds]
 

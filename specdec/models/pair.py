@@ -32,6 +32,7 @@ from specdec.models.embedded import say as _say
 from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
 from specdec.models.quant import check_int8_support, quantize_int8, resolve_quant
 from specdec.core.record import PairInfo
+from specdec.core.static_cache import resolve_engine
 from specdec.models.tiny import tiny_models, tiny_seed, tiny_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -69,6 +70,9 @@ class ModelPair:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     device_map: dict | None = None  # the target's accelerate placement (module -> device); None: one device
     draft_quant: str = ""  # the draft's weight quantization ("int8", see specdec.models.quant); "": none
+    # How chain passes run (specdec.core.static_cache.ENGINES): "eager", "static" or "compiled"; $SPECDEC_COMPILE
+    # when the pair is built. A speed choice only: the three compute the same logits.
+    engine: str = field(default_factory=resolve_engine)
     leases: int = field(default=0, repr=False)  # users decoding on it right now (see pair_lease)
 
     def describe(self) -> dict:
@@ -473,6 +477,7 @@ def load_pair(
     progress: Progress | None = None,
     shared: bool = True,
     draft_quant: str | None = None,
+    engine: str | None = None,
 ) -> ModelPair:
     """Load a draft/target pair by preset name, or by explicit target/draft ids (hub ids or local folders).
 
@@ -488,7 +493,16 @@ def load_pair(
     draft_quant ("int8"; None: the preset's own, see PAIR_DRAFT_QUANT; "" or "none": unquantized) quantizes the
     draft's weights (specdec.models.quant). int8 runs on the CPU with bfloat16 or float16 activations ("auto"
     picks bfloat16 on the CPU); any other dtype or device is an InvalidInputError, raised before loading.
+
+    engine (None: $SPECDEC_COMPILE, else "eager"; see specdec.core.static_cache) is how chain passes run; the pair
+    returned carries it (a copy of the shared pair when it differs, so other users keep theirs).
     """
+    pair = _load_pair(name, target, draft, dtype, device, device_map, max_memory, progress, shared, draft_quant)
+    want = resolve_engine(engine)
+    return pair if pair.engine == want else dataclasses.replace(pair, engine=want, leases=0)
+
+
+def _load_pair(name, target, draft, dtype, device, device_map, max_memory, progress, shared, draft_quant) -> ModelPair:
     custom = bool(target or draft)
     target_id, draft_id = pair_ids(name, target, draft)
     label = "custom" if custom else name

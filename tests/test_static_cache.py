@@ -1,0 +1,137 @@
+"""The static-cache engines (specdec.core.static_cache): the same text as the eager engine, caches that hold the
+committed text, the target's law under sampling, and a planted rollback bug that the checks catch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from specdec.core.errors import InvalidInputError, UnsupportedModelError
+from specdec.core.settings import DecodeSettings
+from specdec.core.static_cache import (BUCKETS, MIN_SLOTS, SLACK, StaticCachedLM, bucket_for, open_lm, resolve_engine,
+                                       slots_for)
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.loop.plain import plain_decode
+from tests.test_drafters import SAMPLED, _ngram_prompt, joint_chi_square
+from tests.test_engine import check_caches_hold_committed
+
+PROMPT = "def fibonacci(n):"
+ENGINES = ("static", "compiled")
+
+
+def on(pair, engine: str):
+    return dataclasses.replace(pair, engine=engine)
+
+
+def text_of(pair, prompt=PROMPT, **kw) -> list[int]:
+    dec = SpeculativeDecoder(pair, prompt, DecodeSettings(**kw))
+    for _ in dec:
+        pass
+    return dec.generated_ids
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("drafter,gamma", [("model", 1), ("model", 4), ("ngram", 6), ("auto", 3)])
+def test_greedy_text_equals_the_eager_engine(no_eos, engine, drafter, gamma):
+    kw = dict(drafter=drafter, gamma=gamma, max_new_tokens=40)
+    assert text_of(on(no_eos, engine), **kw) == text_of(no_eos, **kw)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_plain_decoding_equals_the_eager_engine(no_eos, engine):
+    s = DecodeSettings(max_new_tokens=30)
+    assert plain_decode(on(no_eos, engine), PROMPT, s).ids == plain_decode(no_eos, PROMPT, s).ids
+    assert plain_decode(on(no_eos, engine), PROMPT, s, model="draft").ids == \
+        plain_decode(no_eos, PROMPT, s, model="draft").ids
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_caches_hold_the_committed_text_after_rejections(no_eos, engine):
+    dec = SpeculativeDecoder(on(no_eos, engine), PROMPT,
+                             DecodeSettings(gamma=6, max_new_tokens=60, sampling=SAMPLED, seed=2))
+    assert isinstance(dec.target, StaticCachedLM) and isinstance(dec.drafter.lm, StaticCachedLM)
+    for _ in range(8):
+        dec.step()
+    assert sum(r.rejected_at is not None for r in dec.rounds) >= 2
+    check_caches_hold_committed(no_eos, dec, tol=1e-4)
+    if engine == "compiled":  # after the first pass, every short pass went through a compiled bucket
+        assert dec.target.passes["bucketed"] >= 8 and dec.drafter.lm.passes["bucketed"] > 8
+
+
+def test_first_three_tokens_follow_the_target_on_the_compiled_engine(no_eos, one_thread):
+    pair = on(no_eos, "compiled")
+    prompt = _ngram_prompt(pair)
+    test = joint_chi_square(pair, prompt, DecodeSettings(gamma=2, sampling=SAMPLED), 300)
+    assert test.p_value > 1e-3, test
+
+
+class ForgetfulCrop(StaticCachedLM):
+    """A planted bug: rolling back trims the token list but leaves the cache's length where it was, so the next
+    pass writes past the rejected guesses' slots and attends to them."""
+
+    def crop(self, n: int) -> None:
+        del self.ids[n:]
+
+
+def test_a_cache_that_does_not_roll_back_is_caught(no_eos, monkeypatch):
+    import specdec.core.static_cache as sc
+
+    monkeypatch.setattr(sc, "StaticCachedLM", ForgetfulCrop)
+    s = DecodeSettings(gamma=4, max_new_tokens=40)
+    assert text_of(on(no_eos, "static"), gamma=4, max_new_tokens=40) != text_of(no_eos, gamma=4, max_new_tokens=40)
+    dec = SpeculativeDecoder(on(no_eos, "static"), PROMPT, s)
+    for _ in range(4):
+        dec.step()
+    with pytest.raises(AssertionError):
+        check_caches_hold_committed(no_eos, dec, tol=1e-4)
+
+
+def test_padding_slots_are_given_back(no_eos):
+    lm = open_lm(no_eos.target, no_eos.vocab_size, engine="compiled", max_len=64)
+    lm.feed([5, 6, 7])  # eager: the first pass allocates the cache
+    lm.feed([8, 9, 10])  # padded to a bucket of 4, then one slot given back
+    assert bucket_for(3) == 4 and lm.passes == {"eager": 1, "bucketed": 1}
+    assert int(lm.cache.get_seq_length()) == len(lm) == 6
+    fresh = no_eos.target(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10, 11]])).logits[0, -1]
+    assert torch.allclose(lm.feed([11])[-1], fresh[: no_eos.vocab_size], atol=1e-4)
+
+
+def test_engine_names_and_limits_are_checked(no_eos, monkeypatch):
+    monkeypatch.setenv("SPECDEC_COMPILE", "1")
+    assert resolve_engine() == "compiled"
+    monkeypatch.setenv("SPECDEC_COMPILE", "")
+    assert resolve_engine() == "eager"
+    with pytest.raises(InvalidInputError, match="unknown engine"):
+        resolve_engine("fast")
+    lm = open_lm(no_eos.target, no_eos.vocab_size, engine="static", max_len=8)
+    assert lm.slots == MIN_SLOTS and lm.max_len == MIN_SLOTS - SLACK  # rounded up, so graphs are shared
+    assert slots_for(MIN_SLOTS) == 2 * MIN_SLOTS and slots_for(MIN_SLOTS + 1 - SLACK) == 2 * MIN_SLOTS
+    with pytest.raises(InvalidInputError, match=f"static cache holds {lm.max_len} tokens"):
+        lm.feed(list(range(3, 3 + MIN_SLOTS)))
+    with pytest.raises(UnsupportedModelError, match="eager engine"):
+        lm.logits_for_tree([1, 2], None)
+    assert BUCKETS[0] == 1 and list(BUCKETS) == sorted(BUCKETS)
+
+
+def test_the_cli_takes_the_compiled_engine(no_eos, capsys):
+    from specdec.cli import main
+
+    assert main(["generate", "--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--prompt", PROMPT,
+                 "--max-new-tokens", "12", "--compile", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"engine": "compiled"' in out
+
+
+def test_precompiled_buckets_leave_nothing_to_compile_mid_run(no_eos):
+    from torch._dynamo.utils import counters
+
+    from specdec.core.static_cache import precompile
+
+    for model in (no_eos.target, no_eos.draft):
+        precompile(model, no_eos.vocab_size)
+    before = dict(counters["stats"])
+    text_of(on(no_eos, "compiled"), gamma=4, max_new_tokens=30)  # γ shrinks near the budget: passes of 1..6
+    text_of(on(no_eos, "compiled"), prompt="x", drafter="auto", gamma=3, max_new_tokens=20)
+    assert dict(counters["stats"]).get("unique_graphs") == before.get("unique_graphs")
