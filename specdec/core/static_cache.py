@@ -13,8 +13,8 @@ Glossary
 - cache length: the slots allocated, the run's prompt + budget + SLACK rounded up to a power of two (at least
   MIN_SLOTS), so runs of similar length share the compiled graphs (a graph is specialized to the cache's shape).
   Attention reads every slot, masked ones too, so on a CPU a cache much longer than the text costs real time
-  (bench --engines, embedded pair: plain decoding on a 2,048-slot cache ran at 0.63x the dynamic cache's speed,
-  on 512 slots at about 1x); on a GPU it is noise. `precompile` takes the length the runs will use.
+  (bench --engines, embedded pair, bf16: compiled plain decoding on a 2,048-slot cache ran at 0.63x the eager
+  engine's speed, on 256 slots at 1.02x); on a GPU it is noise. `precompile` takes the length the runs will use.
 - bucket: a pass feeding n tokens is padded to the next size in BUCKETS (the padding's slots are stale at once:
   the length moves back over them), so a compiled run sees at most len(BUCKETS) shapes. Passes longer than the
   largest bucket (a long prompt) run eagerly on the same cache, as does the first pass (it allocates the cache).
