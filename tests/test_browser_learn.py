@@ -133,6 +133,28 @@ def test_learn_tab_end_to_end(page, app_url):
     _shot(page, "#learn-speedup-section", "learn-speedup.png")
 
 
+def test_learn_walkthrough_steps_through_a_token_tree(page, app_url):
+    """The built-in tree round: one step per child the rule tried, the refused " cat" struck through, the path lit,
+    the bonus only once the walk is over."""
+    _open_learn(page, app_url)
+    page.locator("#learn-round input").click()
+    page.get_by_role("option", name=re.compile(r"^Example: a token tree")).click()
+    _wait_text(page, "#learn-step-name", r"Step 1 of 7: Draft a token tree")
+    tree = "#learn-walkthrough .sd-tree"
+    assert page.locator(f'{tree} [data-fate="untried"]').count() == 4  # (the legend's samples carry no data-fate)
+    for i, name in ((2, "One pass"), (3, "Try cat"), (4, "Try dog"), (5, "Try ran"), (6, "Bonus token")):
+        page.click("#learn-next")
+        _wait_text(page, "#learn-step-name", rf"Step {i} of 7: {name}")
+        if i == 3:
+            assert page.locator(f'{tree} [data-fate="rejected"]').count() == 1
+        if i == 5:
+            assert page.locator(f'{tree} [data-fate="accepted"]').count() == 2
+            assert page.locator(f"{tree} [data-kind]").count() == 0
+    assert page.locator(f'{tree} [data-kind="bonus"]').count() == 1
+    assert "away" in page.locator("#learn-walkthrough .learn-story").inner_text()
+    _shot(page, "#learn-walkthrough-section", "learn-tree-walkthrough.png")
+
+
 def test_learn_tab_dark_theme(page, app_url):
     _open_learn(page, app_url + "?__theme=dark")
     for i in range(2, 6):  # wait for each step: a click while the previous update is pending is dropped
