@@ -80,7 +80,7 @@ def _scripted_verdicts(monkeypatch, plan):
     """verify_batch replaced by a script: per round, (n_accepted per row, next token per row)."""
     calls = iter(plan)
 
-    def fake(draft_tokens, q, p, gen):
+    def fake(draft_tokens, q, p, gen, **rule):
         n, nxt = next(calls)
         b, g = draft_tokens.shape
         return BatchVerdict(torch.tensor(n), torch.tensor(nxt), torch.ones(b, g), torch.zeros(b, g), p[:, -1])

@@ -10,7 +10,6 @@ from specdec.core.settings import DecodeSettings
 from specdec.learn.examples import example_rounds
 from specdec.loop.tree import TreeDecoder
 from specdec.loop.tree_display import TreeRun
-from ui import learn_tab
 
 
 def fates(page: str) -> list[str]:
@@ -50,6 +49,8 @@ def test_a_chain_round_keeps_the_chain_walkthrough():
 
 
 def test_the_learn_tab_walks_a_recorded_tree_round(no_eos):
+    from ui import learn_tab  # imported here, not at collection: another test reloads it under a fake `spaces`
+
     run = TreeRun(TreeDecoder(no_eos, "def add(a, b):", DecodeSettings(max_new_tokens=8), (2, 2), "top-k"))
     list(run)
     records = [run.record()]
