@@ -9,6 +9,7 @@ subset of HTML in labels too).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from typing import Sequence
@@ -300,8 +301,6 @@ def tree_step_name(event: TreeRoundEvent, step: int) -> str:
 
 def partial_tree(event: TreeRoundEvent, tried: int) -> TreeRoundEvent:
     """The event as it stands after the rule's first `tried` tries: later nodes undecided, the path so far."""
-    import dataclasses
-
     done = set(event.steps[:tried])
     nodes = [n if n.node in done else dataclasses.replace(n, fate=TREE_UNTRIED, r=None, accept_prob=None, uniform=None)
              for n in event.nodes]

@@ -208,33 +208,50 @@ def random_pair(dev: torch.device, dtype: torch.dtype, short: bool):
                      vocab, eos_ids(tok))
 
 
+def random_ids(pair, cfg, n_new: int) -> tuple[list[int], list[int]]:
+    """A random prefix of cfg.prefix ids and n_new more to feed after it (seeded: every engine reads the same)."""
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(200, pair.vocab_size, (cfg.prefix,), generator=gen).tolist()
+    return prefix, torch.randint(200, pair.vocab_size, (n_new,), generator=gen).tolist()
+
+
+def draft_head(pair) -> int:
+    """The drafter's default head (65 536 ids for Qwen's 151 936); half the vocabulary for the small --short one."""
+    from specdec.drafters.head import AUTO_DRAFT_VOCAB
+
+    return AUTO_DRAFT_VOCAB if pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB else pair.vocab_size // 2
+
+
+def feed_costs(lm, prefix: list[int], new: list[int], ks, cfg, warmup: int) -> tuple[dict, dict]:
+    """After feeding `prefix` once: per k, the median ms of feeding k new ids and cropping back (cfg.reps timed
+    passes), and the seconds the `warmup` untimed ones before them took (compilation, graph capture)."""
+    lm.feed(prefix)
+    ms, warm_s = {}, {}
+    for k in ks:
+        def one(k=k):
+            lm.feed(new[:k], k)
+            lm.crop(len(prefix))
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            one()
+        warm_s[k] = time.perf_counter() - t0
+        ms[k] = med(timed_ms(one, lm.device, cfg.reps))
+    return ms, warm_s
+
+
 @torch.inference_mode()
 def pass_costs(pair, cfg) -> dict:
     """Median ms of one cached forward pass over k new tokens after a prefix, as CachedLM.feed runs it."""
-    from specdec.drafters.head import AUTO_DRAFT_VOCAB
     from specdec.core.kvcache import CachedLM
 
-    dev = pair.device
-    gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(200, pair.vocab_size, (cfg.prefix,), generator=gen).tolist()
-    new = torch.randint(200, pair.vocab_size, (max(cfg.ks),), generator=gen).tolist()
+    prefix, new = random_ids(pair, cfg, max(cfg.ks))
 
     def costs(lm, ks):
-        lm.feed(prefix)
-        out = {}
-        for k in ks:
-            def one(k=k):
-                lm.feed(new[:k], k)
-                lm.crop(cfg.prefix)
-            for _ in range(cfg.warmup):
-                one()
-            out[k] = med(timed_ms(one, dev, cfg.reps))
-        return out
+        return feed_costs(lm, prefix, new, ks, cfg, cfg.warmup)[0]
 
     target = costs(CachedLM(pair.target, pair.vocab_size), cfg.ks)
     draft_full = costs(CachedLM(pair.draft, pair.vocab_size), [1])[1]
-    # the drafter's default head (65 536 ids for Qwen's 151 936); half the vocabulary for the small --short one
-    head = AUTO_DRAFT_VOCAB if pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB else pair.vocab_size // 2
+    head = draft_head(pair)
     draft_reduced = costs(CachedLM(pair.draft, pair.vocab_size, head, pair.eos_token_ids), [1])[1]
     t1 = target[1]
     return {
@@ -319,28 +336,18 @@ def engine_pass_ms(pair, engine: str, cfg) -> dict:
     """Median ms of a target pass over 1 and gamma + 1 new tokens and of a draft pass over 1 (reduced head), after a
     prefix, on one engine; the first passes of each shape (compilation, graph capture) are timed apart."""
     from specdec.core.static_cache import open_lm
-    from specdec.drafters.head import AUTO_DRAFT_VOCAB
 
-    gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(200, pair.vocab_size, (cfg.prefix,), generator=gen).tolist()
-    new = torch.randint(200, pair.vocab_size, (8,), generator=gen).tolist()
-    head = AUTO_DRAFT_VOCAB if pair.vocab_size >= 2 * AUTO_DRAFT_VOCAB else pair.vocab_size // 2
+    prefix, new = random_ids(pair, cfg, 8)
     out = {}
     t0 = time.perf_counter()
     for name, lm, ks in (("target", open_lm(pair.target, pair.vocab_size, engine=engine, max_len=cfg.prefix + 64),
                           (1, 5)),
-                         ("draft", open_lm(pair.draft, pair.vocab_size, head, pair.eos_token_ids, engine=engine,
-                                           max_len=cfg.prefix + 64), (1,))):
-        lm.feed(prefix)
+                         ("draft", open_lm(pair.draft, pair.vocab_size, draft_head(pair), pair.eos_token_ids,
+                                           engine=engine, max_len=cfg.prefix + 64), (1,))):
+        ms, warm_s = feed_costs(lm, prefix, new, ks, cfg, cfg.warmup + 2)
         for k in ks:
-            def one(k=k, lm=lm):
-                lm.feed(new[:k], k)
-                lm.crop(cfg.prefix)
-            w0 = time.perf_counter()
-            for _ in range(cfg.warmup + 2):
-                one()
-            out[f"{name}_warmup_s_k{k}"] = time.perf_counter() - w0
-            out[f"{name}_ms_k{k}"] = med(timed_ms(one, pair.device, cfg.reps))
+            out[f"{name}_warmup_s_k{k}"] = warm_s[k]
+            out[f"{name}_ms_k{k}"] = ms[k]
     out["c_pass"] = out["draft_ms_k1"] / out["target_ms_k1"] if out["target_ms_k1"] else None
     out["seconds"] = time.perf_counter() - t0
     return out

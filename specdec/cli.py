@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from specdec.core.errors import SpecDecError
-from specdec.core.settings import DRAFTERS, VERIFY_MODES
+from specdec.core.settings import DRAFTERS, ENGINES, VERIFY_MODES
 
 
 def _add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def _add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--compile", dest="engine", action="store_const", const="compiled", default=None,
                     help="static KV cache with the decode and verify passes under torch.compile (CUDA graphs on a "
                          "GPU); same as --engine compiled or SPECDEC_COMPILE=1")
-    ap.add_argument("--engine", dest="engine", choices=["eager", "static", "compiled"],
+    ap.add_argument("--engine", dest="engine", choices=list(ENGINES),
                     help="how chain passes run: eager (dynamic cache), static (preallocated cache, eager passes) or "
                          "compiled (default: $SPECDEC_COMPILE, else eager)")
 

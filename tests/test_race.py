@@ -36,7 +36,7 @@ def test_parse_tree_lanes():
 @pytest.mark.parametrize("text,match", [
     ("", "at least one"), ("plain", "drafter"), ("model:fast", "neither a gamma"), ("ngram:4:9:1", "drafter"),
     (",".join(["model"] * 7), "at most 6"), ("model:4:tree21", "treeWIDTHS"), ("model:treex", "one digit per depth"),
-    ("cross:tree21", "not cross"), ("model:tree888", "limit is 64"), ("model:tree09", "a tree width"),
+    ("cross:tree21", "cross drafter has no trees"), ("model:tree888", "limit is 64"), ("model:tree09", "a tree width"),
 ])
 def test_parse_lanes_refuses_bad_text(text, match):
     with pytest.raises(InvalidInputError, match=match):

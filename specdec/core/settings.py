@@ -12,6 +12,9 @@ from specdec.core.sampling import SamplingConfig
 from specdec.core.verify import VERIFY_MODES
 
 MAX_GAMMA = 32
+# How chain passes run (specdec.core.static_cache): transformers' dynamic cache, a preallocated static cache with
+# eager passes, or that cache with compiled passes.
+ENGINES = ("eager", "static", "compiled")
 MAX_NEW_TOKENS = 4096
 MAX_PROMPT_TOKENS = 8192
 TOP_DISPLAY = 8  # default number of candidates per position a Round carries for display (recorded in each Round)

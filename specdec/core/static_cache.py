@@ -36,12 +36,10 @@ from transformers import StaticCache
 
 from specdec.core.errors import InvalidInputError, UnsupportedModelError
 from specdec.core.kvcache import PLAIN_HEAD_TYPES, CachedLM
+from specdec.core.settings import ENGINES, MAX_GAMMA
 
-ENGINES = ("eager", "static", "compiled")
-ENGINE_LABELS = {"eager": "eager (dynamic cache)", "static": "static cache, eager passes",
-                 "compiled": "static cache, compiled passes"}
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-SLACK = 2 * 32 + BUCKETS[-1]  # slots past a run's budget: a draft of up to MAX_GAMMA guesses, a catch-up, padding
+SLACK = 2 * MAX_GAMMA + BUCKETS[-1]  # slots past a run's budget: a draft of up to MAX_GAMMA guesses, a catch-up, padding
 MIN_SLOTS = 256
 WARM_BUCKETS = BUCKETS[:5]  # the pass sizes chains use (1..16 tokens), compiled ahead by `precompile`
 

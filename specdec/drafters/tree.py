@@ -118,6 +118,13 @@ class TreeDrafter(Protocol):
         """A tree of at most `budget` nodes and `depth` levels that would follow `committed` (may be empty)."""
 
 
+def check_tree_drafter(name: str) -> None:
+    """Refuse a drafter that cannot grow a token tree (the draft model and the copying drafters can)."""
+    if name != "model" and name not in COPY_TREE_DRAFTERS:
+        raise InvalidInputError(f"tree rounds draft with the draft model or a copying drafter "
+                                f"({', '.join(COPY_TREE_DRAFTERS)}); the {name} drafter has no trees")
+
+
 def copy_tree_bounds(widths: list[int]) -> tuple[int, int]:
     """(depth, node budget) a widths shape allows a copy tree: its length and its node count (at most
     MAX_TREE_NODES), e.g. 4,1,1,1 -> depth 4, 16 nodes: room for four branches of four tokens."""

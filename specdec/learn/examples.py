@@ -22,6 +22,14 @@ class ExampleRound:
     round: Round
 
 
+def _row(weights: dict[str, float], idx: dict[str, int]) -> torch.Tensor:
+    """A distribution over the example's word list (`idx`: word -> id) from made-up weights, normalized."""
+    t = torch.zeros(len(idx))
+    for w, v in weights.items():
+        t[idx[w]] = v
+    return t / t.sum()
+
+
 def _example_round(context: str, steps: list[tuple[str, dict[str, float], dict[str, float]]],
                    bonus_p: dict[str, float], uniforms: list[float], emit: str) -> ExampleRound:
     """A Round for a hand-made example, with its verdict produced by specdec.verify.verify.
@@ -39,15 +47,8 @@ def _example_round(context: str, steps: list[tuple[str, dict[str, float], dict[s
         if w not in vocab:
             vocab.append(w)
     idx = {w: i for i, w in enumerate(vocab)}
-
-    def row(d: dict[str, float]) -> torch.Tensor:
-        t = torch.zeros(len(vocab))
-        for w, v in d.items():
-            t[idx[w]] = v
-        return t / t.sum()
-
-    q = torch.stack([row(s[1]) for s in steps])
-    p = torch.stack([row(s[2]) for s in steps] + [row(bonus_p)])
+    q = torch.stack([_row(s[1], idx) for s in steps])
+    p = torch.stack([_row(s[2], idx) for s in steps] + [_row(bonus_p, idx)])
     draft = torch.tensor([idx[s[0]] for s in steps])
     for seed in range(1000):
         gen = torch.Generator().manual_seed(seed)
@@ -102,16 +103,9 @@ def _tree_example(context: str, nodes: list[tuple[str, int]], p_rows: dict[int, 
     draw is `emit`. The round is shown as the tree loop shows it (tree_round_event, tree_chain_round)."""
     vocab = list(dict.fromkeys([w for w, _ in nodes] + [w for r in p_rows.values() for w in r]))
     idx = {w: i for i, w in enumerate(vocab)}
-
-    def row(d: dict[str, float]) -> torch.Tensor:
-        t = torch.zeros(len(vocab))
-        for w, v in d.items():
-            t[idx[w]] = v
-        return t / t.sum()
-
     tokens = torch.tensor([idx[w] for w, _ in nodes])
     tree = TokenTree(tokens, [parent for _, parent in nodes], OneHot(tokens, len(vocab)))
-    p = torch.stack([row(p_rows[i]) for i in range(-1, len(nodes))])
+    p = torch.stack([_row(p_rows[i], idx) for i in range(-1, len(nodes))])
     tok = WordTokenizer(vocab)
     for seed in range(1000):
         verdict = verify_tree(tree, p, torch.Generator().manual_seed(seed), uniforms=list(uniforms))

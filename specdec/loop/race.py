@@ -46,9 +46,12 @@ class LaneSpec:
     def label(self) -> str:
         if self.drafter == PLAIN:
             return "plain target"
-        how = f"γ={self.gamma}" if self.gamma_policy == "fixed" else f"γ {self.gamma_policy} (from {self.gamma})"
         if self.tree:
             how = "tree " + ",".join(map(str, self.tree))
+        elif self.gamma_policy == "fixed":
+            how = f"γ={self.gamma}"
+        else:
+            how = f"γ {self.gamma_policy} (from {self.gamma})"
         rule = "" if self.verify == "pq" else f" · {self.verify}"
         return f"{DRAFTER_LABELS.get(self.drafter, self.drafter)} · {how}{rule}"
 
@@ -97,16 +100,17 @@ def parse_lanes(text: str) -> list[LaneSpec]:
 
 
 def _tree_widths(opt: str, part: str, drafter: str) -> tuple[int, ...]:
-    """'tree321' -> (3, 2, 1), checked as the tree loop checks a shape (drafters.tree.check_widths)."""
-    from specdec.drafters.tree import COPY_TREE_DRAFTERS, check_widths
+    """'tree321' -> (3, 2, 1), checked as the tree loop checks a drafter and a shape (drafters.tree)."""
+    from specdec.drafters.tree import check_tree_drafter, check_widths
 
     digits = opt[len("tree"):]
     if not digits.isdigit():
         raise InvalidInputError(f"lane {part.strip()[:40]!r}: write a tree as 'tree' and one digit per depth, the "
                                 "children per node, e.g. tree321")
-    if drafter != "model" and drafter not in COPY_TREE_DRAFTERS:
-        raise InvalidInputError(f"lane {part.strip()[:40]!r}: token trees are drafted by the draft model or a "
-                                f"copying drafter ({', '.join(COPY_TREE_DRAFTERS)}), not {drafter}")
+    try:
+        check_tree_drafter(drafter)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"lane {part.strip()[:40]!r}: {exc}") from None
     return tuple(check_widths([int(d) for d in digits], "top-k"))
 
 
@@ -334,7 +338,8 @@ class Race:
             base = self.plain_ms_for(lane.tokens)
             lanes.append({
                 "lane": lane.index, "label": lane.spec.label, "drafter": lane.spec.drafter, "gamma": lane.spec.gamma,
-                "gamma_policy": lane.spec.gamma_policy, "verify": lane.spec.verify, "tree": list(lane.spec.tree), "text": self.text(lane.index), "tokens": lane.tokens,
+                "gamma_policy": lane.spec.gamma_policy, "verify": lane.spec.verify, "tree": list(lane.spec.tree),
+                "text": self.text(lane.index), "tokens": lane.tokens,
                 "target_passes": lane.target_passes, "elapsed_ms": round(lane.elapsed_ms, 2),
                 "tok_s": round(lane.tok_s, 3), "tokens_per_pass": round(lane.tokens_per_pass, 3),
                 "speedup": None if self.speedup(lane.index) is None else round(self.speedup(lane.index), 3),

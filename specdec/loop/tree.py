@@ -27,7 +27,7 @@ from specdec.core.stop import StopReason, cut_at_stop
 from specdec.core.tree import TokenTree, TreeVerdict, verify_tree
 from specdec.core.tree_events import TreeRoundEvent
 from specdec.drafters import make_drafter, resolve_draft_vocab
-from specdec.drafters.tree import COPY_TREE_DRAFTERS, TreeDrafter, check_widths, copy_tree_bounds, draft_tree
+from specdec.drafters.tree import TreeDrafter, check_tree_drafter, check_widths, copy_tree_bounds, draft_tree
 from specdec.loop.tree_display import tree_chain_round, tree_round_event
 from specdec.models.pair import ModelPair
 
@@ -65,9 +65,7 @@ class TreeDecoder:
         self.prompt_ids = encode_prompt(self.pair.tokenizer, self.prompt, self.settings.chat)
         name = self.settings.drafter
         if self.drafter is None and name != "model":
-            if name not in COPY_TREE_DRAFTERS:
-                raise InvalidInputError(f"tree rounds draft with the draft model or a copying drafter "
-                                        f"({', '.join(COPY_TREE_DRAFTERS)}); the {name} drafter has no trees")
+            check_tree_drafter(name)
             self.drafter = make_drafter(self.pair, self.settings, self.prompt_ids)
         if self.drafter is not None and self.mode != "top-k":
             raise InvalidInputError(f"a copied tree's children are chosen deterministically (one-hot q), not "
