@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specdec.core.errors import SpecDecError
 from specdec.core.settings import DRAFTERS, ENGINES, VERIFY_MODES
+from specdec.models.quant import QUANT_MODES
 
 
 def _add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -20,10 +21,10 @@ def _add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--device-map", choices=["auto", "balanced", "balanced_low_0", "sequential", "none"],
                     help="shard the target across devices with accelerate (default: $SPECDEC_DEVICE_MAP, else none)")
-    ap.add_argument("--draft-quant", choices=["none", "int8"], default=None,
-                    help="quantize the draft's weights: int8 (weight-only, per-row scales; CPU with bfloat16 or "
-                         "float16 activations, 'auto' dtype picks bfloat16); default: the pair's own (none, or int8 "
-                         "for default-int8)")
+    ap.add_argument("--draft-quant", choices=["none", *QUANT_MODES], default=None,
+                    help="quantize the draft's weights: int8 (weight-only, per-row scales) or int4 (groups of 32 "
+                         "weights); CPU with bfloat16 or float16 activations, 'auto' dtype picks bfloat16; default: "
+                         "the pair's own (none, or the preset's: default-int8, default-int4)")
     ap.add_argument("--compile", dest="engine", action="store_const", const="compiled", default=None,
                     help="static KV cache with the decode and verify passes under torch.compile (CUDA graphs on a "
                          "GPU); same as --engine compiled or SPECDEC_COMPILE=1")

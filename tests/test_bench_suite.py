@@ -27,6 +27,7 @@ def test_suite_counts_every_contenders_target_passes(tmp_path, one_thread, capsy
                      _tiny) == 0
     doc = json.loads((tmp_path / "out.json").read_text())
     assert set(doc["kinds"]) == {"translation", "math"}
+    assert {"model", "ngram", "auto", "model_int8", "model_int4", "auto_int4", "hf_lookup"} <= set(doc["contenders"])
     for kind in doc["kinds"].values():
         assert kind["speedup"]["hf_plain"] == pytest.approx(1.0)
         assert kind["tokens_per_pass"]["hf_plain"] == pytest.approx(1.0)  # one pass per token, prefill included

@@ -1,13 +1,14 @@
-"""The int8 draft against the bf16 draft: `python -m specdec bench --int8-draft`.
+"""The int8 and int4 drafts against the bf16 draft: `python -m specdec bench --int8-draft`.
 
 On one loaded pair (bfloat16 or float16 on the CPU; the embedded default pair unless --pair says otherwise) the
-draft is copied and quantized to weight-only int8 (specdec.models.quant); the target is the same object for every
-contender. Interleaved per prompt (harness.run_interleaved, rotated order, one warm-up each):
+draft is copied and quantized to weight-only int8 and to int4 (specdec.models.quant); the target is the same
+object for every contender. Interleaved per prompt (harness.run_interleaved, rotated order, one warm-up each):
 
 - plain      our plain target-only decoding, the baseline of every speedup
 - bf16       our speculative loop with the float draft, reduced head at --draft-vocab (default 65,536 ids)
 - int8       the same loop with the int8 draft, reduced head 65,536 ids
 - int8-32k   the int8 draft with a 32,768-id reduced head
+- int4       the loop with the int4 draft (groups of 32 weights), reduced head 65,536 ids
 
 Greedy by default (--modes picks others), on the code, prose, chat and grounded prompts (--kinds). Per kind and
 overall, for each speculative contender: alpha; c_loop = draft ms per guess / verify ms per round (and both parts);
@@ -41,11 +42,12 @@ INT8_KINDS = "code,prose,chat,grounded"  # what --kinds means here when left at 
 HEAD_BIG, HEAD_SMALL = 65536, 32768
 
 
-def variants(pair, int8_pair, draft_vocab: int | None) -> list[tuple[str, object, int | None, str]]:
+def variants(pair, int8_pair, int4_pair, draft_vocab: int | None) -> list[tuple[str, object, int | None, str]]:
     """(contender name, pair, draft head size, draft weights) of each speculative contender."""
     return [("bf16", pair, draft_vocab if draft_vocab is not None else HEAD_BIG, str(pair.dtype).replace("torch.", "")),
             ("int8", int8_pair, HEAD_BIG, "int8"),
-            ("int8-32k", int8_pair, HEAD_SMALL, "int8")]
+            ("int8-32k", int8_pair, HEAD_SMALL, "int8"),
+            ("int4", int4_pair, HEAD_BIG, "int4")]
 
 
 def loop_parts(samples: list[Sample]) -> dict:
@@ -92,11 +94,13 @@ def cmd_int8_bench(args, load) -> int:
     pair = load()
     if pair.draft_quant:
         raise InvalidInputError("--int8-draft quantizes a copy of the pair's float draft itself; load the pair "
-                                "without --draft-quant (and not the default-int8 preset)")
-    t0 = time.perf_counter()
-    int8_pair = quantized_draft_pair(pair, "int8")  # InvalidInputError for float32 activations or a GPU
-    log(f"quantized a copy of the draft to int8 in {time.perf_counter() - t0:.1f} s")
-    specs = variants(pair, int8_pair, args.draft_vocab)
+                                "without --draft-quant (and not the default-int8 or default-int4 preset)")
+    quantized = {}
+    for mode in ("int8", "int4"):
+        t0 = time.perf_counter()
+        quantized[mode] = quantized_draft_pair(pair, mode)  # InvalidInputError for float32 activations or a GPU
+        log(f"quantized a copy of the draft to {mode} in {time.perf_counter() - t0:.1f} s")
+    specs = variants(pair, quantized["int8"], quantized["int4"], args.draft_vocab)
 
     costs: dict[str, StepCosts] = {}
     for name, p, head, _ in specs:
@@ -135,7 +139,8 @@ def cmd_int8_bench(args, load) -> int:
     print("\n".join(table(COLUMNS, rows, rule=True)))
     print(f"(tok/s: median over {repeats} repeat(s) per prompt; speedup = tok/s / plain target tok/s; "
           f"{torch.get_num_threads()} torch threads)", file=sys.stdout)
-    result = {"models": pair.describe(), "int8_models": int8_pair.describe(), "gamma": gamma,
+    result = {"models": pair.describe(), "int8_models": quantized["int8"].describe(),
+              "int4_models": quantized["int4"].describe(), "gamma": gamma,
               "max_new_tokens": max_new, "repeats": repeats, "modes": modes, "kinds": kinds,
               "torch_threads": torch.get_num_threads(),
               "step_costs": {k: {"target_ms": c.target_ms, "draft_ms": c.draft_ms, "c_plain": c.c_plain}

@@ -10,9 +10,11 @@ Tokens per target pass are counted the same way for every contender: a forward p
 calls during the run (prefill included), so transformers' loops are measured by the same rule as ours.
 
 Contenders:
-- ours: the draft model at γ 4 (`model`), the same with its int8 draft (`model_int8`, models.quant; bf16 pairs on
-  a CPU), prompt lookup at γ 32 (`ngram`), the hybrid drafter (`auto`) -- our speculative loop with its display
-  candidates, as the app runs it;
+- ours: the draft model at γ 4 (`model`), the same with its int8 and int4 drafts (`model_int8`, `model_int4`,
+  models.quant; bf16 pairs on a CPU), prompt lookup at γ 32 (`ngram`), the hybrid drafter at γ 4 (`auto`) and with
+  the int4 draft at γ 16 under the confidence policy at 0.6 (`auto_int4`: a strong copy runs up to 16 tokens, the
+  model drafts while its top guess has q >= 0.6; in a first look over two prompts per kind this beat the default
+  0.4 and γ 32 on 6 of 8 prompts) -- our speculative loop with its display candidates, as the app runs it;
 - transformers: plain `generate()` (the baseline), assisted generation with the draft at its own generation
   config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`), and prompt lookup (`hf_lookup`,
   prompt_lookup_num_tokens = 10, transformers' documented example value).
@@ -33,8 +35,13 @@ from specdec.core.settings import DRAFTERS, DecodeSettings
 from specdec.prompts import SUITE
 
 DEFAULT_OUT = "bench-results/suite.json"
-OURS = {"model": {"drafter": "model", "gamma": 4}, "ngram": {"drafter": "ngram", "gamma": 32},
-        "auto": {"drafter": "auto", "gamma": 4}}
+# ours: name -> (the draft's quantization, "" for the pair's own draft; the settings the run changes)
+OURS = {"model": ("", {"drafter": "model", "gamma": 4}), "ngram": ("", {"drafter": "ngram", "gamma": 32}),
+        "auto": ("", {"drafter": "auto", "gamma": 4}),
+        "model_int8": ("int8", {"drafter": "model", "gamma": 4}),
+        "model_int4": ("int4", {"drafter": "model", "gamma": 4}),
+        "auto_int4": ("int4", {"drafter": "auto", "gamma": 16, "gamma_policy": "confidence",
+                               "confidence_threshold": 0.6})}
 THEIRS = ("hf_assisted", "hf_assisted_g4", "hf_lookup")
 BASELINE = "hf_plain"
 LOOKUP_TOKENS = 10
@@ -62,16 +69,19 @@ class Run:
     passes: int  # target forward calls, prefill included
 
 
-def contenders(pair, ours: list[str], int8_pair=None) -> list[Contender]:
+def contenders(pair, ours: list[str], quantized: dict | None = None) -> list[Contender]:
+    """Plain generate(), transformers' three, then ours; a contender of ours whose draft quantization has no pair
+    in `quantized` (mode -> pair with that draft) is left out."""
+    quantized = {"": pair, **(quantized or {})}
     out = [Contender(BASELINE, partial(timed_generate, pair)),
            Contender("hf_assisted", lambda p, s: timed_generate(pair, p, s, assistant_model=pair.draft)),
            Contender("hf_assisted_g4", lambda p, s: timed_generate(pair, p, s,
                                                                    assistant_model=assistant_for(pair.draft, 4))),
            Contender("hf_lookup", lambda p, s: timed_generate(pair, p, s, prompt_lookup_num_tokens=LOOKUP_TOKENS))]
     for name in ours:
-        out.append(Contender(name, lambda p, s, k=OURS[name]: timed_spec(pair, p, replace(s, **k))))
-    if int8_pair is not None:  # the same target with the int8 draft (models.quant)
-        out.append(Contender("model_int8", lambda p, s: timed_spec(int8_pair, p, replace(s, drafter="model", gamma=4))))
+        mode, knobs = OURS[name]
+        if mode in quantized:
+            out.append(Contender(name, lambda p, s, q=quantized[mode], k=knobs: timed_spec(q, p, replace(s, **k))))
     return out
 
 
@@ -145,23 +155,26 @@ def print_table(kinds: dict, names: list[str], out=None) -> None:
     print("\n".join(lines), file=out or sys.stdout)
 
 
-def _int8_pair(pair):
-    """The pair with its draft quantized to int8, when this pair's draft is not already and the kernel runs here."""
+def quantized_pairs(pair, modes) -> dict:
+    """mode -> the pair with its draft quantized so, for each mode the kernels run for here (none when this pair's
+    draft is already quantized)."""
     from specdec.core.errors import SpecDecError
     from specdec.models.pair import quantized_draft_pair
 
-    if pair.draft_quant:
-        return None
-    try:
-        return quantized_draft_pair(pair, "int8", torch.bfloat16)
-    except SpecDecError as exc:
-        log(f"no int8 draft contender: {exc}")
-        return None
+    out = {}
+    for mode in modes:
+        if pair.draft_quant:
+            break
+        try:
+            out[mode] = quantized_draft_pair(pair, mode, torch.bfloat16)
+        except SpecDecError as exc:
+            log(f"no {mode} draft contenders: {exc}")
+    return out
 
 
 def cmd_suite(args, load) -> int:
     pair = load()
-    ours = [n for n in OURS if n in DRAFTERS]
+    ours = [n for n, (_, knobs) in OURS.items() if knobs["drafter"] in DRAFTERS]
     kinds = list(SUITE) if args.kinds in (None, "", "code,prose,chat") else [k for k in args.kinds.split(",") if k]
     unknown = [k for k in kinds if k not in SUITE]
     if unknown:
@@ -169,7 +182,7 @@ def cmd_suite(args, load) -> int:
         return 2
     per_kind = 1 if args.quick else (args.per_kind or None)
     jobs = [Job(k, "greedy", p, True) for k in kinds for p in SUITE[k][:per_kind]]
-    field = contenders(pair, ours, _int8_pair(pair))
+    field = contenders(pair, ours, quantized_pairs(pair, sorted({OURS[n][0] for n in ours} - {""})))
     base = DecodeSettings(max_new_tokens=args.max_new_tokens or (24 if args.quick else 56), chat=True)
     samples = run_suite(pair, jobs, field, args.repeats or 1, base)
     names = [c.name for c in field]

@@ -30,7 +30,7 @@ import torch
 from specdec.models.embedded import EMBEDDED, Progress, embedded_folder
 from specdec.models.embedded import say as _say
 from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
-from specdec.models.quant import check_int8_support, quantize_int8, resolve_quant
+from specdec.models.quant import check_quant_support, quantize, resolve_quant
 from specdec.core.record import PairInfo
 from specdec.core.static_cache import resolve_engine
 from specdec.models.tiny import tiny_models, tiny_seed, tiny_tokenizer
@@ -44,6 +44,7 @@ DEFAULT_MAX_PAIRS = 2
 PAIRS: dict[str, tuple[str, str]] = {
     "default": ("embedded:qwen2.5-coder-1.5b-instruct", "embedded:qwen2.5-coder-0.5b-instruct"),
     "default-int8": ("embedded:qwen2.5-coder-1.5b-instruct", "embedded:qwen2.5-coder-0.5b-instruct"),
+    "default-int4": ("embedded:qwen2.5-coder-1.5b-instruct", "embedded:qwen2.5-coder-0.5b-instruct"),
     "tiny": ("tiny:target", "tiny:draft"),
     "qwen2.5-coder-0.5b-1.5b": ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
     "smollm2-135m-360m": ("HuggingFaceTB/SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
@@ -51,9 +52,9 @@ PAIRS: dict[str, tuple[str, str]] = {
     "qwen2.5-0.5b-1.5b": ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
     "distilgpt2-gpt2-large": ("gpt2-large", "distilgpt2"),
 }
-# Presets whose draft is quantized (specdec.models.quant): the default pair with a weight-only int8 draft, which
-# needs bfloat16 activations on the CPU ("auto" dtype then picks bfloat16 there).
-PAIR_DRAFT_QUANT: dict[str, str] = {"default-int8": "int8"}
+# Presets whose draft is quantized (specdec.models.quant): the default pair with a weight-only int8 or int4 draft,
+# which needs bfloat16 activations on the CPU ("auto" dtype then picks bfloat16 there).
+PAIR_DRAFT_QUANT: dict[str, str] = {"default-int8": "int8", "default-int4": "int4"}
 
 
 @dataclass(eq=False)  # identity equality: two loads of the same ids are still two copies in memory
@@ -69,7 +70,7 @@ class ModelPair:
     vocab_size: int = 0  # logits are sliced to this width so p and q index the same tokens
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     device_map: dict | None = None  # the target's accelerate placement (module -> device); None: one device
-    draft_quant: str = ""  # the draft's weight quantization ("int8", see specdec.models.quant); "": none
+    draft_quant: str = ""  # the draft's weight quantization ("int8", "int4": specdec.models.quant); "": none
     # How chain passes run (specdec.core.static_cache.ENGINES): "eager", "static" or "compiled"; $SPECDEC_COMPILE
     # when the pair is built. A speed choice only: the three compute the same logits.
     engine: str = field(default_factory=resolve_engine)
@@ -243,8 +244,8 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
     pair = _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map, max_memory)
     if draft_quant:
         _say(progress, f"quantizing the draft ({draft_quant})")
-        check_int8_support(dt, pair.device)  # a device map may have put the draft somewhere else than `dev`
-        quantize_int8(pair.draft)
+        check_quant_support(dt, pair.device, draft_quant)  # a device map may have put the draft elsewhere than `dev`
+        quantize(pair.draft, draft_quant)
         pair.draft_quant = draft_quant
     return pair
 
@@ -259,8 +260,8 @@ def quantized_draft_pair(pair: ModelPair, mode: str = "int8", dtype: torch.dtype
     if pair.draft_quant:
         raise ModelLoadError(f"this pair's draft is already quantized ({pair.draft_quant})")
     dtype = dtype or pair.dtype
-    check_int8_support(dtype, pair.device)
-    draft = quantize_int8(copy.deepcopy(pair.draft), dtype)
+    check_quant_support(dtype, pair.device, mode)
+    draft = quantize(copy.deepcopy(pair.draft), mode, dtype)
     label = mode if dtype == pair.dtype else f"{mode}:{str(dtype).replace('torch.', '')}"
     return dataclasses.replace(pair, draft=draft, draft_quant=label, leases=0)
 
@@ -490,8 +491,8 @@ def load_pair(
     stays loaded): models are used read-only (inference mode; caches live outside them), so every caller and
     every app session can share one copy. shared=False builds a private pair the cache never sees.
 
-    draft_quant ("int8"; None: the preset's own, see PAIR_DRAFT_QUANT; "" or "none": unquantized) quantizes the
-    draft's weights (specdec.models.quant). int8 runs on the CPU with bfloat16 or float16 activations ("auto"
+    draft_quant ("int8", "int4"; None: the preset's own, see PAIR_DRAFT_QUANT; "" or "none": unquantized) quantizes the
+    draft's weights (specdec.models.quant). Both run on the CPU with bfloat16 or float16 activations ("auto"
     picks bfloat16 on the CPU); any other dtype or device is an InvalidInputError, raised before loading.
 
     engine (None: $SPECDEC_COMPILE, else "eager"; see specdec.core.static_cache) is how chain passes run; the pair
@@ -510,7 +511,7 @@ def _load_pair(name, target, draft, dtype, device, device_map, max_memory, progr
     dev = resolve_device(device)
     dt = torch.bfloat16 if quant and dtype == "auto" and dev.type == "cpu" else resolve_dtype(dtype, dev)
     if quant:
-        check_int8_support(dt, dev)
+        check_quant_support(dt, dev, quant)
     dmap = resolve_device_map(device_map)
     placement = json.dumps([dmap, max_memory], sort_keys=True, default=str) if dmap is not None else ""
     if not shared:

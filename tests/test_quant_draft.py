@@ -1,6 +1,7 @@
-"""The weight-only int8 draft (specdec.models.quant): the layer against a dequantized reference, the refusals, q
-read from the quantized model, greedy equality with plain target decoding, and the joint law of the first 3 tokens
-by chi-square (failing on a planted q from another draft)."""
+"""The weight-only int8 and int4 drafts (specdec.models.quant): the layers against their dequantized weights (packed
+kernel for a few rows, dense matmul for more), the refusals, q read from the quantized model, greedy equality with
+plain target decoding, and the joint law of the first 3 tokens by chi-square (failing on a planted q from another
+draft)."""
 
 from __future__ import annotations
 
@@ -17,22 +18,23 @@ from specdec.drafters import Draft, DraftModelDrafter
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.loop.plain import plain_decode
 from specdec.models.pair import load_pair, quantized_draft_pair
-from specdec.models.quant import Int8Linear, check_int8_support, quant_of, quantize_int8, resolve_quant
+from specdec.models.quant import (DENSE_ROWS, INT4_BLOCK, MLP_NAMES, QUANT_MODES, Int4Linear, Int8Linear,
+                                  PackedLinear, check_quant_support, quant_of, quantize, quantize_int8, resolve_quant)
 
 from .test_drafters import N_SAMPLES, SAMPLED, _ngram_prompt, joint_chi_square
 
 BF16 = torch.bfloat16
 
 
-@pytest.fixture(scope="module")
-def int8_pair(tiny_pair):
-    """The tiny pair's float32 target beside an int8 copy of its draft (bfloat16 activations)."""
-    return quantized_draft_pair(tiny_pair, "int8", BF16)
+@pytest.fixture(scope="module", params=QUANT_MODES)
+def quant_pair(tiny_pair, request):
+    """The tiny pair's float32 target beside an int8 or int4 copy of its draft (bfloat16 activations)."""
+    return quantized_draft_pair(tiny_pair, request.param, BF16)
 
 
-@pytest.fixture(scope="module")
-def int8_no_eos(no_eos):
-    return quantized_draft_pair(no_eos, "int8", BF16)
+@pytest.fixture(scope="module", params=QUANT_MODES)
+def quant_no_eos(no_eos, request):
+    return quantized_draft_pair(no_eos, request.param, BF16)
 
 
 # ------------------------------------------------------------------------------------------------- the layer
@@ -59,24 +61,60 @@ def test_int8_linear_matches_its_dequantized_weight(dtype):
     torch.testing.assert_close(layer.select_rows(idx)(x), y[..., idx])
 
 
+@pytest.mark.parametrize("rows", [1, 5, DENSE_ROWS + 1])
+def test_int4_linear_matches_its_dequantized_weight(rows):
+    """Few rows go through the int4 kernel, more through the dense dequantized weight: the same layer either way.
+    200 output rows are padded to 208 for the packing; a 128-row cut shares the packed storage, a 40-row cut and
+    index rows are dense rows."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(200, 64, generator=gen).to(BF16)
+    layer = Int4Linear.from_weight(w)
+    deq = layer.dequantized()
+    # Each group of 32 weights maps onto 16 evenly spaced levels; the range searched for is never worse (squared
+    # error per group, up to the bf16 rounding of the dense copy) than the group's own [min, max].
+    g = w.float().reshape(200, 2, 32)
+    lo, step = g.amin(-1, keepdim=True), (g.amax(-1, keepdim=True) - g.amin(-1, keepdim=True)) / 15
+    plain = (torch.round((g - lo) / step) * step + lo - g).square().sum(-1)
+    searched = (deq.reshape(200, 2, 32) - g).square().sum(-1)
+    assert (searched <= plain * 1.05 + 1e-3).all() and (searched < plain * 0.99).any()
+    x = torch.randn(rows, 64, generator=gen).to(BF16)
+    ref = x.float() @ deq.T
+    y = layer(x)
+    assert y.shape == (rows, 200) and y.dtype == BF16
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
+    shared = layer.select_rows(slice(0, 2 * INT4_BLOCK))
+    assert isinstance(shared, Int4Linear)
+    torch.testing.assert_close(shared(x), y[:, : 2 * INT4_BLOCK])
+    assert isinstance(layer.select_rows(slice(0, 40)), torch.Tensor)
+    idx = torch.tensor([3, 50, 199])
+    rows_w = layer.select_rows(idx)
+    torch.testing.assert_close(torch.nn.functional.linear(x, rows_w).float(), ref[:, idx], rtol=2e-2,
+                               atol=2e-2 * float(ref.abs().max()))
+
+
 def test_int8_linear_refuses_another_input_dtype():
     layer = Int8Linear.from_weight(torch.randn(8, 16, dtype=BF16))
     with pytest.raises(InvalidInputError, match="bfloat16"):
         layer(torch.randn(1, 16))
 
 
-def test_quantize_int8_swaps_the_layers_and_the_head(int8_pair, tiny_pair):
-    draft = int8_pair.draft
-    assert quant_of(draft) == "int8" and quant_of(tiny_pair.draft) == ""
+def test_quantize_swaps_the_layers_and_the_head(quant_pair, tiny_pair):
+    draft = quant_pair.draft
+    mode = quant_of(draft)
+    assert mode in QUANT_MODES and quant_of(tiny_pair.draft) == ""
     linears = [m for m in draft.modules() if type(m) is torch.nn.Linear]
-    assert linears == []  # q/k/v/o, gate/up/down and lm_head are all int8
-    n_int8 = sum(isinstance(m, Int8Linear) for m in draft.modules())
-    assert n_int8 == 7 * draft.config.num_hidden_layers + 1
-    assert isinstance(draft.get_output_embeddings(), Int8Linear)
+    assert linears == []  # q/k/v/o, gate/up/down and lm_head are all packed
+    n_packed = sum(isinstance(m, PackedLinear) for m in draft.modules())
+    assert n_packed == 7 * draft.config.num_hidden_layers + 1
+    assert type(draft.get_output_embeddings()) is Int8Linear  # the head is int8 in both modes
+    for name, m in draft.named_modules():
+        if isinstance(m, PackedLinear) and name != "lm_head":
+            in_mlp = name.rsplit(".", 1)[-1] in MLP_NAMES
+            assert type(m) is (Int4Linear if mode == "int4" and in_mlp else Int8Linear), name
     assert draft.get_input_embeddings().weight.dtype == BF16
-    assert int8_pair.target is tiny_pair.target  # the target is shared, unchanged
+    assert quant_pair.target is tiny_pair.target  # the target is shared, unchanged
     assert tiny_pair.draft.get_input_embeddings().weight.dtype == torch.float32  # the original draft is untouched
-    assert int8_pair.describe()["draft_quant"] == "int8:bfloat16"
+    assert quant_pair.describe()["draft_quant"] == f"{mode}:bfloat16"
 
 
 def test_unsupported_settings_are_refused_clearly(tiny_pair):
@@ -85,17 +123,22 @@ def test_unsupported_settings_are_refused_clearly(tiny_pair):
     with pytest.raises(InvalidInputError, match="float32"):
         quantize_int8(copy.deepcopy(tiny_pair.draft))
     with pytest.raises(InvalidInputError, match="CPU only"):
-        check_int8_support(BF16, "cuda")
+        check_quant_support(BF16, "cuda")
+    with pytest.raises(InvalidInputError, match="float32"):
+        quantize(copy.deepcopy(tiny_pair.draft), "int4")
     with pytest.raises(InvalidInputError, match="unknown draft quantization"):
-        resolve_quant("int4")
+        resolve_quant("int3")
+    with pytest.raises(InvalidInputError, match="divisible by 32"):
+        Int4Linear.from_weight(torch.randn(16, 40, dtype=BF16))
     assert resolve_quant("none") == resolve_quant(None) == ""
 
 
-def test_load_pair_with_an_int8_draft_records_it():
-    pair = load_pair("tiny", dtype="auto", device="cpu", draft_quant="int8", shared=False)
-    assert pair.dtype == BF16  # "auto" picks what the int8 kernel needs on the CPU
-    assert pair.draft_quant == "int8" and pair.describe()["draft_quant"] == "int8"
-    assert quant_of(pair.draft) == "int8" and quant_of(pair.target) == ""
+@pytest.mark.parametrize("mode", QUANT_MODES)
+def test_load_pair_with_a_quantized_draft_records_it(mode):
+    pair = load_pair("tiny", dtype="auto", device="cpu", draft_quant=mode, shared=False)
+    assert pair.dtype == BF16  # "auto" picks what the packed kernels need on the CPU
+    assert pair.draft_quant == mode and pair.describe()["draft_quant"] == mode
+    assert quant_of(pair.draft) == mode and quant_of(pair.target) == ""
 
 
 def test_the_default_int8_preset_quantizes_its_draft(monkeypatch):
@@ -105,23 +148,23 @@ def test_the_default_int8_preset_quantizes_its_draft(monkeypatch):
     monkeypatch.setitem(pairs.PAIR_DRAFT_QUANT, "tiny-int8-test", "int8")
     pair = load_pair("tiny-int8-test", device="cpu", shared=False)
     assert pair.draft_quant == "int8" and pair.name == "tiny-int8-test"
-    assert pairs.PAIR_DRAFT_QUANT["default-int8"] == "int8"
-    assert pairs.PAIRS["default-int8"] == pairs.PAIRS["default"]
+    assert pairs.PAIR_DRAFT_QUANT["default-int8"] == "int8" and pairs.PAIR_DRAFT_QUANT["default-int4"] == "int4"
+    assert pairs.PAIRS["default-int8"] == pairs.PAIRS["default"] == pairs.PAIRS["default-int4"]
 
 
-# ------------------------------------------------------------------------------------- q is the int8 draft's
+# ------------------------------------------------------------------------------- q is the quantized draft's
 
 
 @pytest.mark.parametrize("head_vocab", [0, 40])
-def test_the_drafter_reports_the_int8_drafts_own_q(int8_pair, tiny_pair, head_vocab):
+def test_the_drafter_reports_the_quantized_drafts_own_q(quant_pair, tiny_pair, head_vocab):
     cfg = SamplingConfig(temperature=1.0)
-    committed = encode_prompt(int8_pair.tokenizer, "abcab")
-    drafter = DraftModelDrafter(int8_pair.draft, int8_pair.vocab_size, head_vocab=head_vocab,
-                                always_keep=int8_pair.eos_token_ids)
+    committed = encode_prompt(quant_pair.tokenizer, "abcab")
+    drafter = DraftModelDrafter(quant_pair.draft, quant_pair.vocab_size, head_vocab=head_vocab,
+                                always_keep=quant_pair.eos_token_ids)
     d = drafter.propose(committed, 3, cfg, torch.Generator().manual_seed(1))
     guesses = d.tokens.tolist()
-    for model, same in ((int8_pair.draft, True), (tiny_pair.draft, False)):
-        lm = CachedLM(model, int8_pair.vocab_size, head_vocab, int8_pair.eos_token_ids)
+    for model, same in ((quant_pair.draft, True), (tiny_pair.draft, False)):
+        lm = CachedLM(model, quant_pair.vocab_size, head_vocab, quant_pair.eos_token_ids)
         lm.keep_in_head(committed)
         # The drafter's own feeding: the committed text in one pass, then one guess per pass (bf16 rounding
         # depends on the batch shape, so the same passes are replayed).
@@ -137,19 +180,20 @@ def test_the_drafter_reports_the_int8_drafts_own_q(int8_pair, tiny_pair, head_vo
 
 @pytest.mark.parametrize("gamma", [2, 4])
 @pytest.mark.parametrize("draft_vocab", [0, 40])
-def test_greedy_equals_plain_target_greedy(int8_pair, one_thread, gamma, draft_vocab):
-    """float32 target (bit-exact between one-token and many-token passes on a CPU), int8 draft in bfloat16."""
+def test_greedy_equals_plain_target_greedy(quant_pair, one_thread, gamma, draft_vocab):
+    """float32 target (bit-exact between one-token and many-token passes on a CPU), int8/int4 draft in bf16."""
     for prompt in ("hello world", "abcab", "the cat sat"):
         s = DecodeSettings(gamma=gamma, max_new_tokens=32, draft_vocab=draft_vocab)
-        dec = SpeculativeDecoder(int8_pair, prompt, s)
+        dec = SpeculativeDecoder(quant_pair, prompt, s)
         list(dec)
-        assert dec.generated_ids == plain_decode(int8_pair, prompt, s).ids, (prompt, gamma, draft_vocab)
+        assert dec.generated_ids == plain_decode(quant_pair, prompt, s).ids, (prompt, gamma, draft_vocab)
         assert sum(r.gamma for r in dec.rounds) > 0
 
 
-def test_greedy_on_an_all_bf16_tiny_pair(one_thread):
-    """The pair as load_pair(draft_quant="int8") builds it: both models in bfloat16."""
-    pair = load_pair("tiny", dtype="bfloat16", device="cpu", draft_quant="int8", shared=False)
+@pytest.mark.parametrize("mode", QUANT_MODES)
+def test_greedy_on_an_all_bf16_tiny_pair(one_thread, mode):
+    """The pair as load_pair(draft_quant=mode) builds it: both models in bfloat16."""
+    pair = load_pair("tiny", dtype="bfloat16", device="cpu", draft_quant=mode, shared=False)
     for gamma in (2, 4):
         s = DecodeSettings(gamma=gamma, max_new_tokens=32)
         dec = SpeculativeDecoder(pair, "hello world", s)
@@ -161,10 +205,10 @@ def test_greedy_on_an_all_bf16_tiny_pair(one_thread):
 
 
 @pytest.mark.parametrize("draft_vocab", [0, 40])
-def test_first_three_tokens_follow_the_target_with_an_int8_draft(int8_no_eos, one_thread, draft_vocab):
-    prompt = _ngram_prompt(int8_no_eos)
+def test_first_three_tokens_follow_the_target_with_a_quantized_draft(quant_no_eos, one_thread, draft_vocab):
+    prompt = _ngram_prompt(quant_no_eos)
     s = DecodeSettings(drafter="model", gamma=2, sampling=SAMPLED, draft_vocab=draft_vocab)
-    test = joint_chi_square(int8_no_eos, prompt, s, N_SAMPLES)
+    test = joint_chi_square(quant_no_eos, prompt, s, N_SAMPLES)
     assert test.p_value > 1e-3, test
 
 
@@ -180,7 +224,7 @@ def coarse_copy(model: torch.nn.Module, levels: int) -> torch.nn.Module:
 
 
 class ForeignQ:
-    """A planted bug: the guesses are drawn from the int8 draft, but the q reported with them is another model's
+    """A planted bug: the guesses are drawn from the quantized draft, but the q reported with them is another model's
     distribution on the same text."""
 
     def __init__(self, inner: DraftModelDrafter, liar: torch.nn.Module, vocab_size: int):
@@ -198,7 +242,7 @@ class ForeignQ:
         self.inner.feedback(committed, n_accepted, n_drafted)
 
 
-def test_the_chi_square_catches_q_reported_from_another_draft(int8_no_eos, no_eos, one_thread):
+def test_the_chi_square_catches_q_reported_from_another_draft(quant_no_eos, no_eos, one_thread):
     """The int8 draft's q and the float draft's differ too little on the tiny pair for 500 draws to tell (q from
     the float draft gave p ~ 0.87); the lie is therefore amplified: q from the float draft with its linear weights
     rounded to 3 values per row (-s, 0, s), which the chi-square rejects (p ~ 4e-25)."""
@@ -207,10 +251,10 @@ def test_the_chi_square_catches_q_reported_from_another_draft(int8_no_eos, no_eo
     liar = coarse_copy(no_eos.draft, 1)
 
     def lying(st):
-        inner = DraftModelDrafter(int8_no_eos.draft, int8_no_eos.vocab_size, head_vocab=0)
-        return ForeignQ(inner, liar, int8_no_eos.vocab_size)
+        inner = DraftModelDrafter(quant_no_eos.draft, quant_no_eos.vocab_size, head_vocab=0)
+        return ForeignQ(inner, liar, quant_no_eos.vocab_size)
 
-    wrong = joint_chi_square(int8_no_eos, prompt, s, N_SAMPLES, lying)
+    wrong = joint_chi_square(quant_no_eos, prompt, s, N_SAMPLES, lying)
     assert wrong.p_value < 1e-6, wrong
 
 
@@ -222,15 +266,16 @@ REAL_TOKENS = 24
 
 
 @pytest.mark.slow
-def test_real_pair_greedy_with_an_int8_draft_equals_plain_greedy(real_pair_fp32):
-    """The project's convention for equality: a float32 target (bit-exact on a CPU); the draft is int8 with
-    bfloat16 activations, so its speed is not what is tested here, only that the output is the target's."""
-    pair = quantized_draft_pair(real_pair_fp32, "int8", BF16)
+@pytest.mark.parametrize("mode", QUANT_MODES)
+def test_real_pair_greedy_with_a_quantized_draft_equals_plain_greedy(real_pair_fp32, mode):
+    """The project's convention for equality: a float32 target (bit-exact on a CPU); the draft is int8 or int4
+    with bfloat16 activations, so its speed is not what is tested here, only that the output is the target's."""
+    pair = quantized_draft_pair(real_pair_fp32, mode, BF16)
     s = DecodeSettings(gamma=4, max_new_tokens=REAL_TOKENS)
     dec = SpeculativeDecoder(pair, REAL_PROMPT, s)
     list(dec)
     assert dec.generated_ids == plain_decode(pair, REAL_PROMPT, s).ids
-    assert sum(r.n_accepted for r in dec.rounds) > 0  # the int8 draft still guesses right
+    assert sum(r.n_accepted for r in dec.rounds) > 0  # the quantized draft still guesses right
 
 
 @pytest.mark.slow
@@ -272,7 +317,7 @@ def test_int8_bench_refuses_float32_and_runs_on_the_tiny_pair(tmp_path, capsys, 
     doc = json.loads(out.read_text())
     assert doc["int8_models"]["draft_quant"] == "int8" and doc["models"]["draft_quant"] == ""
     rows = {r["contender"]: r for r in doc["groups"]["all"]}
-    assert set(rows) == {"bf16", "int8", "int8-32k"}
+    assert set(rows) == {"bf16", "int8", "int8-32k", "int4"}
     for r in rows.values():
         for key in ("alpha", "c_loop", "c_plain", "tokens_per_pass", "tok_s", "speedup", "same_as_plain"):
             assert key in r
