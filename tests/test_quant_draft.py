@@ -280,11 +280,11 @@ def test_real_pair_greedy_with_a_quantized_draft_equals_plain_greedy(real_pair_f
 
 @pytest.mark.slow
 @torch.inference_mode()
-def test_real_bf16_pair_greedy_with_an_int8_draft():
+def test_real_bf16_pair_greedy_with_the_app_default_int4_draft():
     """bfloat16 target: the verify pass and plain decoding round near-ties differently (scripts/greedy_bf16.py), so
     the runs must agree token for token up to the first place where the target itself is at a near-tie, if any."""
-    pair = load_pair("default-int8", dtype="bfloat16", device="cpu", shared=False)
-    assert pair.draft_quant == "int8" and quant_of(pair.draft) == "int8"
+    pair = load_pair("default-int4", dtype="bfloat16", device="cpu", shared=False)
+    assert pair.draft_quant == "int4" and quant_of(pair.draft) == "int4"
     s = DecodeSettings(gamma=4, max_new_tokens=REAL_TOKENS)
     dec = SpeculativeDecoder(pair, REAL_PROMPT, s)
     list(dec)
@@ -321,3 +321,17 @@ def test_int8_bench_refuses_float32_and_runs_on_the_tiny_pair(tmp_path, capsys, 
     for r in rows.values():
         for key in ("alpha", "c_loop", "c_plain", "tokens_per_pass", "tok_s", "speedup", "same_as_plain"):
             assert key in r
+
+
+def test_the_app_opens_on_the_int4_draft_on_a_cpu_only(monkeypatch):
+    from ui.playground import default_pair_name
+
+    monkeypatch.delenv("SPECDEC_DEVICE", raising=False)
+    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_pair_name() == "default-int4"
+    monkeypatch.setenv("SPECDEC_DTYPE", "float32")  # the packed kernels need bf16 activations
+    assert default_pair_name() == "default"
+    monkeypatch.delenv("SPECDEC_DTYPE")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_pair_name() == "default"

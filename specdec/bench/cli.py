@@ -39,9 +39,10 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     "(model, ngram, auto) against transformers (assisted at its defaults and at γ 4, prompt lookup) "
                     "and plain generate(); --kinds picks kinds, --quick one prompt each (JSON to "
                     "bench-results/suite.json unless --out)")
-    ap.add_argument("--int8-draft", action="store_true", help="bf16 draft vs weight-only int8 (reduced head "
-                    "65,536 and 32,768 ids) and int4 copies of it vs plain target decoding, greedy, on code, prose, chat and grounded "
-                    "prompts (bf16 on the CPU; JSON to bench-results/int8.json unless --out)")
+    ap.add_argument("--quant-draft", "--int8-draft", dest="int8_draft", action="store_true",
+                    help="bf16 draft vs weight-only int8 (reduced head 65,536 and 32,768 ids) and int4 copies of it vs "
+                         "plain target decoding, greedy, on code, prose, chat and grounded prompts (bf16 on the CPU; "
+                         "JSON to bench-results/int8.json unless --out)")
     ap.add_argument("--verify-modes", action="store_true", help="pq, strict and block verification on the same "
                     "drafts at temperatures 0, 0.3, 0.7 and 1 (JSON to assets/verify_modes.json unless --out)")
     ap.add_argument("--engines", action="store_true", help="eager, static-cache and compiled engines side by side: "

@@ -1,4 +1,4 @@
-"""The int8 and int4 drafts against the bf16 draft: `python -m specdec bench --int8-draft`.
+"""The int8 and int4 drafts against the bf16 draft: `python -m specdec bench --quant-draft` (or --int8-draft).
 
 On one loaded pair (bfloat16 or float16 on the CPU; the embedded default pair unless --pair says otherwise) the
 draft is copied and quantized to weight-only int8 and to int4 (specdec.models.quant); the target is the same
