@@ -232,3 +232,86 @@ def test_real_pair_greedy_hybrid_equals_plain_greedy(real_pair_fp32):
     rounds = list(dec)
     assert dec.generated_ids == ref, real_pair_fp32.tokenizer.decode(dec.generated_ids)
     assert sum(r.kept for r in rounds) > 0 and {r.drafter for r in rounds} & {"ngram", "auto"}
+
+
+# ------------------------------------------------------------------ lead="model": the model first, then a copy
+
+
+# "ififif": the tiny draft's top two guesses after it (its SAMPLED, top-k 2, candidates) are "i" about half the time,
+# which extends the 3-token match "fif" -> the round hands over to a copy.
+RUN_PROMPT = "ififif"
+
+
+def _model_lead(pair, s: DecodeSettings, prompt: str) -> HybridDrafter:
+    return make_drafter(pair, s, encode_prompt(pair.tokenizer, prompt), hybrid_lead="model")
+
+
+def test_the_model_leads_and_a_strong_match_after_its_guesses_hands_over_to_a_copy(no_eos, one_thread):
+    """Every round starts with the model's guess (its exact q, equal to a fresh full pass); a round whose guesses
+    then extend a strong match ends in one-hot copied rows; the draft never stops short of gamma for a copy."""
+    cfg = SAMPLED
+    kinds = Counter()
+    for seed, prompt in itertools.product(range(6), (RUN_PROMPT, MIXED_PROMPT)):
+        s = DecodeSettings(drafter="auto", gamma=4, sampling=cfg, seed=seed, max_new_tokens=12)
+        dec = SpeculativeDecoder(no_eos, prompt, s, drafter=_model_lead(no_eos, s, prompt))
+        while not dec.done:
+            before = list(dec.ids)
+            rnd = dec.step()
+            kinds[rnd.drafter] += 1
+            assert rnd.drafter in ("model", "auto")
+            one_hot = [q == 1.0 for q in rnd.q_draft]
+            n_model = one_hot.index(True) if rnd.drafter == "auto" else len(one_hot)
+            assert n_model >= 1 and all(one_hot[n_model:])  # the model's guesses first, then the copy's
+            for i in range(n_model):
+                with torch.inference_mode():
+                    logits = no_eos.draft(input_ids=torch.tensor([before + rnd.draft_ids[:i]])).logits[0, -1]
+                assert rnd.q_draft[i] == pytest.approx(float(warp(logits, cfg)[rnd.draft_ids[i]]), abs=1e-5)
+    assert kinds["model"] and kinds["auto"], kinds
+
+
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "no_eos"])
+def test_model_lead_greedy_equals_plain_greedy(request, one_thread, pair_name):
+    pair = request.getfixturevalue(pair_name)
+    kinds = Counter()
+    for prompt, gamma, policy in itertools.product((LOOPY_PROMPT, MIXED_PROMPT, "abcabcabcab"), (3, 6),
+                                                   ("fixed", "confidence")):
+        ref = plain_decode(pair, prompt, DecodeSettings(max_new_tokens=32)).ids
+        s = DecodeSettings(drafter="auto", gamma=gamma, gamma_policy=policy, max_new_tokens=32)
+        dec = SpeculativeDecoder(pair, prompt, s, drafter=_model_lead(pair, s, prompt))
+        kinds.update(r.drafter for r in dec)
+        assert dec.generated_ids == ref, (prompt[:20], gamma, policy)
+    assert kinds["model"] and kinds["auto"], kinds
+
+
+class ModelQForOneHotRows:
+    """A planted bug for either lead: every copied (one-hot) guess reports the draft model's q at its position."""
+
+    def __init__(self, inner: HybridDrafter, pair):
+        self.inner, self.pair = inner, pair
+
+    def propose(self, committed, gamma, cfg, gen) -> Draft:
+        d = self.inner.propose(committed, gamma, cfg, gen)
+        q = dense(d.probs).clone()
+        for i in range(len(d.tokens)):
+            if float(q[i].max()) == 1.0:
+                with torch.inference_mode():
+                    ids = torch.tensor([list(committed) + d.tokens[:i].tolist()])
+                    q[i] = warp(self.pair.draft(input_ids=ids).logits[0, -1], cfg)
+        return Draft(d.tokens, q, d.note)
+
+    def feedback(self, committed, n_accepted, n_drafted) -> None:
+        self.inner.feedback(committed, n_accepted, n_drafted)
+
+
+def test_model_lead_first_three_tokens_follow_the_target_and_the_chi_square_catches_a_planted_q(no_eos, one_thread):
+    s = DecodeSettings(drafter="auto", gamma=3, sampling=SAMPLED)
+    ok = joint_chi_square(no_eos, RUN_PROMPT, s, N_SAMPLES, lambda st: _model_lead(no_eos, st, RUN_PROMPT))
+    assert ok.p_value > 1e-3, ok
+    wrong = joint_chi_square(no_eos, RUN_PROMPT, s, N_SAMPLES,
+                             lambda st: ModelQForOneHotRows(_model_lead(no_eos, st, RUN_PROMPT), no_eos))
+    assert wrong.p_value < 1e-3, wrong
+
+
+def test_an_unknown_lead_is_refused(no_eos):
+    with pytest.raises(ValueError, match="lead"):
+        HybridDrafter(_hybrid(no_eos).model, no_eos.vocab_size, no_eos.device, lead="target")

@@ -129,10 +129,15 @@ def timed_plain(pair, prompt, s: DecodeSettings) -> Timed:
     return Timed(res.ids, clock.total() / 1e3)
 
 
-def timed_spec(pair, prompt, s: DecodeSettings) -> Timed:
-    """Our speculative loop, display candidates included (TIMED_TOP_K)."""
+def timed_spec(pair, prompt, s: DecodeSettings, hybrid_lead: str = "copy") -> Timed:
+    """Our speculative loop, display candidates included (TIMED_TOP_K); `hybrid_lead` as in make_drafter."""
     clock = Stopwatch(pair.device)
-    dec = SpeculativeDecoder(pair, prompt, s, top_k=TIMED_TOP_K)
+    drafter = None
+    if hybrid_lead != "copy":
+        from specdec.drafters import make_drafter
+
+        drafter = make_drafter(pair, s, encode_prompt(pair.tokenizer, prompt, s.chat), hybrid_lead=hybrid_lead)
+    dec = SpeculativeDecoder(pair, prompt, s, drafter=drafter, top_k=TIMED_TOP_K)
     for _ in dec:
         pass
     return Timed(dec.generated_ids, clock.total() / 1e3, dec.rounds)

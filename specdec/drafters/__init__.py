@@ -48,8 +48,10 @@ def check_combination(settings: "DecodeSettings") -> None:
 
 
 def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list[int],
-                 cross_draft: "CrossDraft | None" = None) -> Drafter:
+                 cross_draft: "CrossDraft | None" = None, hybrid_lead: str = "copy") -> Drafter:
     """The drafter `settings.drafter` names, set up for this pair and prompt.
+
+    `hybrid_lead`: who goes first in a hybrid ("auto") round, HybridDrafter's `lead` ("copy"; "model" in the suite).
 
     `cross_draft` (a model + tokenizer of another vocabulary) replaces the default cross draft (SmolLM2-135M, or a
     tiny one for the tiny pair), e.g. in tests.
@@ -66,7 +68,7 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
         model = DraftModelDrafter(pair.draft, pair.vocab_size, threshold,
                                   resolve_draft_vocab(pair, settings.draft_vocab), pair.eos_token_ids, **cache)
         return HybridDrafter(model, pair.vocab_size, pair.device, settings.ngram_max, settings.ngram_min,
-                             pair.eos_token_ids)
+                             pair.eos_token_ids, lead=hybrid_lead)
     if settings.drafter == "ngram":
         from specdec.drafters.ngram import NgramDrafter
 

@@ -11,11 +11,12 @@ from specdec.drafters.base import Draft
 
 
 def draft_chain(logits: torch.Tensor, feed, gamma: int, cfg, gen, columns=None, vocab_size=None,
-                confidence_threshold: float = 0.0) -> tuple[list[torch.Tensor], list]:
+                confidence_threshold: float = 0.0, until=None) -> tuple[list[torch.Tensor], list]:
     """Sample up to gamma guesses, one draft forward pass each (the batched loop's rows too): `logits` [..., V']
     after the committed text, `feed(guess)` feeds the previous guess [...] and returns the next logits. Each q is
     exactly the warped distribution its guess was drawn from. With a confidence threshold the chain ends after a
-    guess whose unwarped top probability is below it. Returns the guesses and their q rows, one entry per guess."""
+    guess whose unwarped top probability is below it; `until(guesses)` (ids so far) ends it when it returns True.
+    Returns the guesses and their q rows, one entry per guess."""
     tokens, rows = [], []
     for i in range(gamma):
         if i > 0:  # feed the previous guess only when another one is wanted: the last guess is never fed
@@ -24,6 +25,8 @@ def draft_chain(logits: torch.Tensor, feed, gamma: int, cfg, gen, columns=None, 
         tokens.append(token)
         rows.append(q)
         if confidence_threshold > 0 and float(torch.softmax(logits.float(), -1).max()) < confidence_threshold:
+            break
+        if until is not None and len(tokens) < gamma and until([int(t) for t in tokens]):
             break
     return tokens, rows
 
@@ -47,9 +50,10 @@ class DraftModelDrafter:
         self.confidence_threshold = confidence_threshold
         self._head_synced = 0  # committed[:_head_synced] are already in the reduced head
 
-    def propose(self, committed, gamma, cfg, gen, after: list[int] = ()) -> Draft:
+    def propose(self, committed, gamma, cfg, gen, after: list[int] = (), until=None) -> Draft:
         """`after`: guesses already made for the first positions (e.g. copied by the hybrid drafter), which the
-        draft continues; they are fed with the committed tail, and the next sync drops the ones not committed."""
+        draft continues; they are fed with the committed tail, and the next sync drops the ones not committed.
+        `until`: draft_chain's early end, given the guesses so far."""
         self.lm.keep_in_head(committed[self._head_synced :])
         self._head_synced = len(committed)
         # The first step feeds every committed token the cache lacks (the whole prompt in round one, two tokens
@@ -57,7 +61,7 @@ class DraftModelDrafter:
         lm = self.lm
         tokens, rows = draft_chain(lm.logits_after(list(committed) + list(after), all_columns=False)[-1],
                                    lambda prev: lm.feed([int(prev)], all_columns=False)[-1],
-                                   gamma, cfg, gen, lm.columns, lm.vocab_size, self.confidence_threshold)
+                                   gamma, cfg, gen, lm.columns, lm.vocab_size, self.confidence_threshold, until)
         return Draft(torch.stack(tokens), stack_rows(rows), DraftNote("model"))
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
