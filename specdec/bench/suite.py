@@ -15,7 +15,7 @@ Contenders:
   the int4 draft at γ 16 under the confidence policy at 0.6, the model leading each round (`auto_int4`: the model
   drafts while its top guess has q >= 0.6, and a strong match after its guesses hands the rest of the 16 to a copy;
   HybridDrafter's lead="model". In a first look over two prompts per kind the threshold 0.6 beat the default 0.4
-  and γ 32 on 6 of 8 prompts, and the model's lead beat the copy's on 3 of 4 summarization and RAG prompts) -- our speculative loop with its display candidates, as the app runs it;
+  and γ 32 on 6 of 8 prompts; the two leads measured alike, see drafters/hybrid.py) -- our speculative loop with its display candidates, as the app runs it;
 - transformers: plain `generate()` (the baseline), assisted generation with the draft at its own generation
   config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`), and prompt lookup (`hf_lookup`,
   prompt_lookup_num_tokens = 10, transformers' documented example value).

@@ -13,9 +13,10 @@ drafter's search: the most recent earlier occurrence of the longest suffix, n fr
 That is lead="copy", the default. With lead="model" the draft model goes first every round and a copy takes over
 once the model's own guesses extend a strong match: after each guess the text plus the guesses so far is looked up,
 and a strong match there ends the model's chain and fills the rest of gamma with what followed the match. A copy
-then needs the draft model to agree with it on at least its first token, which filters the copies a summary or a
-paraphrase breaks at once (`bench --suite`, summarization and RAG prompts: 1.97x plain generate() pooled against
-1.73x for lead="copy" and 1.56x for transformers' prompt lookup, in a first look at 4 prompts). Each guess is then
+then needs the draft model to agree with it on at least its first token, meant to filter the copies a summary or
+a paraphrase breaks at once. Measured (`bench --suite`, int4 draft, gamma 16, two runs, one per lead, against the
+draft model alone in the same run): summarization 0.91x (copy lead) and 1.01x (model lead), RAG 1.10x and 1.07x --
+no clear winner yet, so "copy" stays the default. Each guess is then
 either the model's (its exact q) or part of a copy chosen by a rule on the text and the guesses before it
 (one-hot q): exact for the same reason.
 
