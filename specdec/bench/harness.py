@@ -26,6 +26,7 @@ from specdec.core.events import Round
 from specdec.core.metrics import RunMetrics, StepCosts, summarize
 from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings, encode_prompt
+from specdec.drafters import make_drafter
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.loop.plain import plain_decode
 
@@ -134,8 +135,6 @@ def timed_spec(pair, prompt, s: DecodeSettings, hybrid_lead: str = "copy") -> Ti
     clock = Stopwatch(pair.device)
     drafter = None
     if hybrid_lead != "copy":
-        from specdec.drafters import make_drafter
-
         drafter = make_drafter(pair, s, encode_prompt(pair.tokenizer, prompt, s.chat), hybrid_lead=hybrid_lead)
     dec = SpeculativeDecoder(pair, prompt, s, drafter=drafter, top_k=TIMED_TOP_K)
     for _ in dec:

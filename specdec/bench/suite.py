@@ -15,7 +15,8 @@ Contenders:
   the int4 draft at γ 16 under the confidence policy at 0.6, the model leading each round (`auto_int4`: the model
   drafts while its top guess has q >= 0.6, and a strong match after its guesses hands the rest of the 16 to a copy;
   HybridDrafter's lead="model". In a first look over two prompts per kind the threshold 0.6 beat the default 0.4
-  and γ 32 on 6 of 8 prompts; the two leads measured alike, see drafters/hybrid.py) -- our speculative loop with its display candidates, as the app runs it;
+  and γ 32 on 6 of 8 prompts; the two leads measured alike, see drafters/hybrid.py) -- our speculative loop with
+  its display candidates, as the app runs it;
 - transformers: plain `generate()` (the baseline), assisted generation with the draft at its own generation
   config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`), and prompt lookup (`hf_lookup`,
   prompt_lookup_num_tokens = 10, transformers' documented example value).
@@ -27,6 +28,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, replace
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -36,14 +38,23 @@ from specdec.core.settings import DRAFTERS, DecodeSettings
 from specdec.prompts import SUITE
 
 DEFAULT_OUT = "bench-results/suite.json"
-# ours: name -> (the draft's quantization, "" for the pair's own draft; the settings the run changes; "hybrid_lead"
-# is not a setting but make_drafter's argument)
-OURS = {"model": ("", {"drafter": "model", "gamma": 4}), "ngram": ("", {"drafter": "ngram", "gamma": 32}),
-        "auto": ("", {"drafter": "auto", "gamma": 4}),
-        "model_int8": ("int8", {"drafter": "model", "gamma": 4}),
-        "model_int4": ("int4", {"drafter": "model", "gamma": 4}),
-        "auto_int4": ("int4", {"drafter": "auto", "gamma": 16, "gamma_policy": "confidence",
-                               "confidence_threshold": 0.6, "hybrid_lead": "model"})}
+
+
+class Ours(NamedTuple):
+    """One contender of ours: the draft's quantization ("" for the pair's own draft), the settings the run changes,
+    and who leads a hybrid round (make_drafter's hybrid_lead)."""
+
+    quant: str
+    settings: dict
+    hybrid_lead: str = "copy"
+
+
+OURS = {"model": Ours("", {"drafter": "model", "gamma": 4}), "ngram": Ours("", {"drafter": "ngram", "gamma": 32}),
+        "auto": Ours("", {"drafter": "auto", "gamma": 4}),
+        "model_int8": Ours("int8", {"drafter": "model", "gamma": 4}),
+        "model_int4": Ours("int4", {"drafter": "model", "gamma": 4}),
+        "auto_int4": Ours("int4", {"drafter": "auto", "gamma": 16, "gamma_policy": "confidence",
+                                   "confidence_threshold": 0.6}, hybrid_lead="model")}
 THEIRS = ("hf_assisted", "hf_assisted_g4", "hf_lookup")
 BASELINE = "hf_plain"
 LOOKUP_TOKENS = 10
@@ -81,12 +92,10 @@ def contenders(pair, ours: list[str], quantized: dict | None = None) -> list[Con
                                                                    assistant_model=assistant_for(pair.draft, 4))),
            Contender("hf_lookup", lambda p, s: timed_generate(pair, p, s, prompt_lookup_num_tokens=LOOKUP_TOKENS))]
     for name in ours:
-        mode, knobs = OURS[name]
-        if mode in quantized:
-            knobs = dict(knobs)
-            lead = knobs.pop("hybrid_lead", "copy")
-            out.append(Contender(name, lambda p, s, q=quantized[mode], k=knobs, lead=lead:
-                                 timed_spec(q, p, replace(s, **k), lead)))
+        cfg = OURS[name]
+        if cfg.quant in quantized:
+            out.append(Contender(name, lambda p, s, q=quantized[cfg.quant], c=cfg:
+                                 timed_spec(q, p, replace(s, **c.settings), c.hybrid_lead)))
     return out
 
 
@@ -167,9 +176,9 @@ def quantized_pairs(pair, modes) -> dict:
     from specdec.models.pair import quantized_draft_pair
 
     out = {}
+    if pair.draft_quant:
+        return out
     for mode in modes:
-        if pair.draft_quant:
-            break
         try:
             out[mode] = quantized_draft_pair(pair, mode, torch.bfloat16)
         except SpecDecError as exc:
@@ -179,7 +188,7 @@ def quantized_pairs(pair, modes) -> dict:
 
 def cmd_suite(args, load) -> int:
     pair = load()
-    ours = [n for n, (_, knobs) in OURS.items() if knobs["drafter"] in DRAFTERS]
+    ours = [n for n, cfg in OURS.items() if cfg.settings["drafter"] in DRAFTERS]
     kinds = list(SUITE) if args.kinds in (None, "", "code,prose,chat") else [k for k in args.kinds.split(",") if k]
     unknown = [k for k in kinds if k not in SUITE]
     if unknown:
@@ -187,7 +196,7 @@ def cmd_suite(args, load) -> int:
         return 2
     per_kind = 1 if args.quick else (args.per_kind or None)
     jobs = [Job(k, "greedy", p, True) for k in kinds for p in SUITE[k][:per_kind]]
-    field = contenders(pair, ours, quantized_pairs(pair, sorted({OURS[n][0] for n in ours} - {""})))
+    field = contenders(pair, ours, quantized_pairs(pair, sorted({OURS[n].quant for n in ours} - {""})))
     base = DecodeSettings(max_new_tokens=args.max_new_tokens or (24 if args.quick else 56), chat=True)
     samples = run_suite(pair, jobs, field, args.repeats or 1, base)
     names = [c.name for c in field]

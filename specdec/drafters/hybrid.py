@@ -36,7 +36,6 @@ match_len of the copy).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from specdec.core.events import DraftNote
@@ -44,7 +43,7 @@ from specdec.core.sampling import OneHot, cat_rows
 from specdec.core.stop import cut_at_stop
 from specdec.drafters.base import Draft
 from specdec.drafters.model import DraftModelDrafter
-from specdec.drafters.ngram import STRONG_MATCH, NgramDrafter, find_continuation
+from specdec.drafters.ngram import STRONG_MATCH, NgramDrafter
 
 HYBRID_LEADS = ("copy", "model")  # who goes first in a round: a strong copy, else the model; or the model
 
@@ -66,17 +65,12 @@ class HybridDrafter:
     def copy(self, committed: list[int], gamma: int, guesses: list[int] = ()) -> tuple[list[int], int, int] | None:
         """(copied tokens, source_start, match_len) after a strong match, or None: at most gamma tokens, none past
         the end of the earlier text, ending after a copied EOS. With `guesses` the text looked up is the committed
-        text plus them (a fresh array: the copier's own buffer only ever holds committed text)."""
-        if guesses:
-            seq = list(committed) + list(guesses)
-            found = find_continuation(np.asarray(seq, dtype=np.int64), self.copier.n_max, self.copier.n_min, gamma)
-        else:
-            seq = committed
-            found = self.copier.lookup(committed, gamma)
+        text plus them."""
+        found = self.copier.lookup(committed, gamma, guesses)
         if found is None or found[1] < self.strong:
             return None
         src, n, tokens = found
-        tokens, _ = cut_at_stop(tokens[: len(seq) - src], self.eos)
+        tokens, _ = cut_at_stop(tokens[: len(committed) + len(guesses) - src], self.eos)
         return tokens, src, n
 
     def propose(self, committed, gamma, cfg, gen) -> Draft:
@@ -98,8 +92,7 @@ class HybridDrafter:
     def model_then_copy(self, committed, gamma, cfg, gen) -> Draft:
         """lead="model": the model's chain, ended by a strong match after its guesses, then that copy. (Its note is
         "auto" as well; the race lanes and the playground run lead="copy", whose notes they describe.)"""
-        committed = list(committed)
-        found = {}  # guesses so far -> the copy after them, or None
+        found = {}  # number of guesses so far -> the copy after them, or None
 
         def strong_copy(guesses: list[int]) -> bool:
             k = len(guesses)

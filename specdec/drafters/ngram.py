@@ -136,9 +136,13 @@ class NgramDrafter:
             self._len = n
         return self._buf[:n]
 
-    def lookup(self, committed: list[int], gamma: int) -> tuple[int, int, list[int]] | None:
-        """find_continuation on `committed`: (source_start, match_len, gamma tokens) or None."""
-        return find_continuation(self._sync(committed), self.n_max, self.n_min, gamma)
+    def lookup(self, committed: list[int], gamma: int, guesses: list[int] = ()) -> tuple[int, int, list[int]] | None:
+        """find_continuation on `committed` followed by `guesses` (a draft's tokens so far, which the buffer never
+        holds): (source_start, match_len, gamma tokens) or None."""
+        seq = self._sync(committed)
+        if len(guesses):
+            seq = np.concatenate([seq, np.asarray(guesses, dtype=np.int64)])
+        return find_continuation(seq, self.n_max, self.n_min, gamma)
 
     def propose(self, committed, gamma, cfg, gen) -> Draft:
         found = self.lookup(committed, gamma)

@@ -45,7 +45,7 @@ from torch import nn
 from specdec.core.errors import InvalidInputError
 
 QUANT_MODES = ("int8", "int4")  # what draft_quant may name ("" or "none": no quantization)
-INT8_ACTIVATIONS = (torch.bfloat16, torch.float16)  # the activation dtypes the packed kernels are used with
+PACKED_ACTIVATIONS = (torch.bfloat16, torch.float16)  # the activation dtypes the packed kernels are used with
 QMAX = 127  # int8: symmetric range -127..127 (-128 unused, so the scale maps max |w| to exactly 127)
 INT4_GROUP = 32  # int4: weights per (scale, offset) pair along a row
 INT4_ROWS = 16  # the int4 packing needs a multiple of 16 output rows (padded with zeros)
@@ -75,7 +75,7 @@ def check_quant_support(dtype: torch.dtype, device: torch.device | str, mode: st
             f"_weight_int4pack_mm_for_cpu, are used for CPU decoding); got device {device.type}: leave the draft "
             "unquantized there"
         )
-    if dtype not in INT8_ACTIVATIONS:
+    if dtype not in PACKED_ACTIVATIONS:
         name = str(dtype).replace("torch.", "")
         raise InvalidInputError(
             f"the {mode} draft needs bfloat16 or float16 activations, got {name}: with float32 activations the "
@@ -95,35 +95,43 @@ def quantize_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tenso
     return q.contiguous(), scales.contiguous()
 
 
-INT4_CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)  # range shrink factors quantize_groups tries per group and end
+INT4_CLIPS = (0.95, 0.9, 0.85, 0.8, 0.75)  # factors quantize_groups scales a group's ends by, besides 1.0
+
+
+def check_int4_width(k: int) -> None:
+    """InvalidInputError unless a layer of input width k splits into groups of INT4_GROUP."""
+    if k % INT4_GROUP:
+        raise InvalidInputError(f"the int4 draft needs layer widths divisible by {INT4_GROUP}, got {k}")
+
+
+def _group_fit(g: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dtype: torch.dtype):
+    """(squared error per group, q, scales, mins) of 16 levels from lo to hi for groups g [N, G, group]."""
+    scales, mins = ((hi - lo) / 15).to(dtype), lo.to(dtype)
+    s, m = scales.float()[..., None], mins.float()[..., None]
+    q = torch.round((g - m) / s.clamp_min(torch.finfo(torch.float32).tiny)).clamp_(0, 15)
+    return (q * s + m - g).square_().sum(-1), q, scales, mins
 
 
 def quantize_groups(weight: torch.Tensor, dtype: torch.dtype, group: int = INT4_GROUP):
     """(q int32 [N, K] in 0..15, scales [N, K / group], mins [N, K / group], both in `dtype`): asymmetric 4-bit
     quantization per group of `group` weights along each row, w ~ q * scale + min.
 
-    Each group's range is its [min, max] shrunk at one end or both by a factor from INT4_CLIPS, whichever gives the
-    smallest squared error (clipping a rare outlier buys finer steps for the rest: with it the draft's teacher-forced
-    agreement with the target on prose went from 0.677 to 0.688, the bf16 draft's). Scale and min are rounded to
-    `dtype` before q is computed from them, so q * scale + min is the matrix dequantize_groups returns."""
+    Each group's range is its [min, max] or that range with one end or both scaled toward zero by a factor from
+    INT4_CLIPS, whichever gives the smallest squared error (clipping a rare outlier buys finer steps for the rest:
+    with it the draft's teacher-forced agreement with the target on prose went from 0.677 to 0.688, the bf16
+    draft's). Scale and min are rounded to `dtype` before q is computed from them, so q * scale + min is the matrix
+    dequantize_groups returns."""
     w = weight.detach().float()
     n, k = w.shape
     g = w.reshape(n, k // group, group)
-    lo0, hi0 = g.amin(-1), g.amax(-1)
-    best = None
+    lo, hi = g.amin(-1), g.amax(-1)
+    best = _group_fit(g, lo, hi, dtype)
     for r in INT4_CLIPS:
-        for lo_r, hi_r in ((r, r), (1.0, r), (r, 1.0)) if r != 1.0 else ((1.0, 1.0),):
-            lo, hi = lo0 * lo_r, hi0 * hi_r
-            scales, mins = ((hi - lo) / 15).to(dtype), lo.to(dtype)
-            s, m = scales.float()[..., None], mins.float()[..., None]
-            q = torch.round((g - m) / s.clamp_min(torch.finfo(torch.float32).tiny)).clamp_(0, 15)
-            err = (q * s + m - g).square_().sum(-1)
-            if best is None:
-                best = [err, q, scales, mins]
-                continue
+        for lo_r, hi_r in ((r, r), (1.0, r), (r, 1.0)):
+            err, q, scales, mins = _group_fit(g, lo * lo_r, hi * hi_r, dtype)
             better = err < best[0]
-            best = [torch.where(better, err, best[0]), torch.where(better[..., None], q, best[1]),
-                    torch.where(better, scales, best[2]), torch.where(better, mins, best[3])]
+            best = (torch.where(better, err, best[0]), torch.where(better[..., None], q, best[1]),
+                    torch.where(better, scales, best[2]), torch.where(better, mins, best[3]))
     _, q, scales, mins = best
     return q.to(torch.int32).reshape(n, k), scales, mins
 
@@ -216,36 +224,42 @@ class Int8Linear(PackedLinear):
                           pick(self.dense).contiguous())
 
 
+def pack_int4(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed weight, scales_zeros) for `_weight_int4pack_mm_for_cpu` from quantize_groups' q, scales and mins:
+    rows padded with zeros (scale 0, min 0) to a multiple of INT4_ROWS, the scales in the kernel's layout
+    [K / group, N, 2] of (scale, zero) with w = (q - 8) * scale + zero."""
+    n, k = q.shape
+    pad = -n % INT4_ROWS
+    if pad:
+        q = torch.cat([q, q.new_zeros(pad, k)])
+        scales, mins = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scales, mins))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    zeros = mins.float() + scales.float() * 8
+    return packed, torch.stack([scales.float(), zeros], -1).transpose(0, 1).to(scales.dtype).contiguous()
+
+
 class Int4Linear(PackedLinear):
     """A linear layer with 4-bit weights, a scale and an offset per INT4_GROUP weights of a row:
     y = x @ (q * scale + min).T + bias."""
 
     mode = "int4"
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bias: torch.Tensor | None = None):
-        n, k = q.shape
-        if q.dim() != 2 or scales.shape != mins.shape or scales.shape[0] != n or k % scales.shape[1]:
-            raise ValueError("Int4Linear needs q [N, K] and scales, mins [N, K / group]")
-        super().__init__(dequantize_groups(q, scales, mins).to(scales.dtype), bias)
-        self.group = k // scales.shape[1]
-        pad = -n % INT4_ROWS
-        if pad:  # zero rows (scale 0, min 0) to the packing's multiple of 16, cut off the output again
-            q = torch.cat([q, q.new_zeros(pad, k)])
-            scales, mins = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scales, mins))
-        self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
-        # the kernel's layout: [K / group, N, 2] of (scale, zero) with w = (q - 8) * scale + zero
-        zeros = mins.float() + scales.float() * 8
-        self.register_buffer("scales_zeros", torch.stack([scales.float(), zeros], -1).transpose(0, 1)
-                             .to(scales.dtype).contiguous())
+    def __init__(self, dense: torch.Tensor, bias: torch.Tensor | None, qweight: torch.Tensor,
+                 scales_zeros: torch.Tensor):
+        """dense [N, K]: the dequantized weight; qweight and scales_zeros: pack_int4's (rows possibly padded)."""
+        super().__init__(dense, bias)
+        self.group = self.in_features // scales_zeros.shape[0]
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales_zeros", scales_zeros)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     dtype: torch.dtype | None = None) -> "Int4Linear":
         """Quantize a float weight [N, K] (K a multiple of INT4_GROUP; activations in `dtype`)."""
-        if weight.shape[1] % INT4_GROUP:
-            raise InvalidInputError(f"the int4 draft needs layer widths divisible by {INT4_GROUP}, got "
-                                    f"{weight.shape[1]}")
-        return cls(*quantize_groups(weight, dtype or weight.dtype), bias)
+        check_int4_width(weight.shape[1])
+        dtype = dtype or weight.dtype
+        q, scales, mins = quantize_groups(weight, dtype)
+        return cls(dequantize_groups(q, scales, mins).to(dtype), bias, *pack_int4(q, scales, mins))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> "Int4Linear":
@@ -260,12 +274,8 @@ class Int4Linear(PackedLinear):
         packed storage; anything else (a reduced head's few extra ids) is the dense rows, a plain weight tensor."""
         if isinstance(rows, slice) and rows.start in (None, 0) and rows.step in (None, 1) and rows.stop \
                 and rows.stop % INT4_BLOCK == 0 and rows.stop <= self.out_features:
-            out = Int4Linear.__new__(Int4Linear)
-            PackedLinear.__init__(out, self.dense[rows], None if self.bias is None else self.bias[rows])
-            out.group = self.group
-            out.register_buffer("qweight", self.qweight[rows])
-            out.register_buffer("scales_zeros", self.scales_zeros[:, rows].contiguous())
-            return out
+            bias = None if self.bias is None else self.bias[rows]
+            return Int4Linear(self.dense[rows], bias, self.qweight[rows], self.scales_zeros[:, rows].contiguous())
         pick = (lambda t: t[rows]) if isinstance(rows, slice) else (lambda t: t.index_select(0, rows.to(t.device)))
         if self.bias is not None:
             raise ValueError("Int4Linear.select_rows: only a head without bias gives dense rows")
@@ -311,11 +321,9 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
     check_quant_support(dtype, first.device, mode)
     linears = [(parent, attr, linear, layer_kind(mode, attr)) for parent, attr, linear in _decoder_linears(model)]
     head = model.get_output_embeddings()
-    if mode == "int4":  # refuse a width the grouping cannot split before anything changes
-        odd = sorted(lin.in_features for *_, lin, kind in linears
-                     if kind is Int4Linear and lin.in_features % INT4_GROUP)
-        if odd:
-            raise InvalidInputError(f"the int4 draft needs layer widths divisible by {INT4_GROUP}, got {odd[0]}")
+    for *_, linear, kind in linears:  # refuse a width the int4 grouping cannot split before anything changes
+        if kind is Int4Linear:
+            check_int4_width(linear.in_features)
     if first.dtype != dtype:
         model.to(dtype)
     for parent, attr, linear, kind in linears:
