@@ -29,6 +29,7 @@ from specdec.core.settings import DecodeSettings, encode_prompt
 from specdec.drafters import make_drafter
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.loop.plain import plain_decode
+from specdec.models.prepack import plain_kernels
 
 BENCH_OUT = "bench-results/bench.json"  # --out's default; a mode with its own file writes there instead
 BENCH_KINDS = "code,prose,chat"  # --kinds' default
@@ -171,10 +172,11 @@ def assistant_for(draft: torch.nn.Module, gamma: int) -> torch.nn.Module:
 @torch.inference_mode()
 def timed_generate(pair, prompt, s: DecodeSettings, knobs=None, **extra) -> Timed:
     """transformers' generate() on the target with the run's sampling and seed; `extra` adds its own drafting
-    (assistant_model=..., prompt_lookup_num_tokens=...), `knobs` a context held around the timed call."""
+    (assistant_model=..., prompt_lookup_num_tokens=...), `knobs` a context held around the timed call.
+    transformers runs as it ships: on F.linear, not on this engine's prepacked kernels (models.prepack)."""
     ids = torch.tensor([encode_prompt(pair.tokenizer, prompt, s.chat)], device=pair.device)
     torch.manual_seed(s.seed)
-    with knobs or contextlib.nullcontext():
+    with knobs or contextlib.nullcontext(), plain_kernels():
         clock = Stopwatch(pair.device)
         out = pair.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_new_tokens,
                                    min_new_tokens=0, pad_token_id=pair.tokenizer.pad_token_id, **hf_sampling(s),

@@ -17,7 +17,9 @@ Contenders:
   HybridDrafter's lead="model". In a first look over two prompts per kind the threshold 0.6 beat the default 0.4
   and γ 32 on 6 of 8 prompts; the two leads measured alike, see drafters/hybrid.py) -- our speculative loop with
   its display candidates, as the app runs it;
-- transformers: plain `generate()` (the baseline), assisted generation with the draft at its own generation
+- our plain decoding (`plain`, no drafting): how much of a speedup is this engine's prepacked CPU kernels
+  (models.prepack) rather than speculation; not counted among ours for the best-of columns;
+- transformers, as it ships (on F.linear, `prepack.plain_kernels`): plain `generate()` (the baseline), assisted generation with the draft at its own generation
   config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`), and prompt lookup (`hf_lookup`,
   prompt_lookup_num_tokens = 10, transformers' documented example value).
 """
@@ -33,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from specdec.bench.harness import (Column, Contender, Job, assistant_for, interleaved, log, middle, ratio, table,
-                                   timed_generate, timed_spec, warm_up, write_result)
+                                   timed_generate, timed_plain, timed_spec, warm_up, write_result)
 from specdec.core.settings import DRAFTERS, DecodeSettings
 from specdec.prompts import SUITE
 
@@ -57,6 +59,7 @@ OURS = {"model": Ours("", {"drafter": "model", "gamma": 4}), "ngram": Ours("", {
                                    "confidence_threshold": 0.6}, hybrid_lead="model")}
 THEIRS = ("hf_assisted", "hf_assisted_g4", "hf_lookup")
 BASELINE = "hf_plain"
+OUR_PLAIN = "plain"  # our own plain decoding: what the engine's kernels alone gain (not a speculative contender)
 LOOKUP_TOKENS = 10
 
 
@@ -83,14 +86,15 @@ class Run:
 
 
 def contenders(pair, ours: list[str], quantized: dict | None = None) -> list[Contender]:
-    """Plain generate(), transformers' three, then ours; a contender of ours whose draft quantization has no pair
-    in `quantized` (mode -> pair with that draft) is left out."""
+    """Plain generate(), transformers' three, our plain decoding, then ours; a contender of ours whose draft
+    quantization has no pair in `quantized` (mode -> pair with that draft) is left out."""
     quantized = {"": pair, **(quantized or {})}
     out = [Contender(BASELINE, partial(timed_generate, pair)),
            Contender("hf_assisted", lambda p, s: timed_generate(pair, p, s, assistant_model=pair.draft)),
            Contender("hf_assisted_g4", lambda p, s: timed_generate(pair, p, s,
                                                                    assistant_model=assistant_for(pair.draft, 4))),
-           Contender("hf_lookup", lambda p, s: timed_generate(pair, p, s, prompt_lookup_num_tokens=LOOKUP_TOKENS))]
+           Contender("hf_lookup", lambda p, s: timed_generate(pair, p, s, prompt_lookup_num_tokens=LOOKUP_TOKENS)),
+           Contender(OUR_PLAIN, partial(timed_plain, pair))]
     for name in ours:
         cfg = OURS[name]
         if cfg.quant in quantized:
@@ -141,7 +145,7 @@ def summarize_kind(samples: list[Run], names: list[str]) -> dict:
     tok_s = {n: toks[n] / secs[n] if secs[n] else None for n in names}
     speedup = {n: ratio(tok_s[n], tok_s[BASELINE]) for n in names}
     per_pass = {n: toks[n] / passes[n] if passes[n] else None for n in names}
-    ours = [n for n in names if n != BASELINE and n not in THEIRS]
+    ours = [n for n in names if n not in (BASELINE, OUR_PLAIN) and n not in THEIRS]
     best_ours = max(ours, key=lambda n: speedup[n] or 0.0)
     best_theirs = max(THEIRS, key=lambda n: speedup[n] or 0.0)
     return {"tok_s": tok_s, "speedup": speedup, "tokens_per_pass": per_pass, "best_ours": best_ours,

@@ -32,12 +32,13 @@ class PairInfo:
     vocab_size: int = 0
     draft_quant: str = ""  # the draft's weight quantization ("int8", "int4"); "": none
     engine: str = "eager"  # how chain passes ran (specdec.core.static_cache.ENGINES)
+    prepacked: bool = False  # the linear layers ran on prepacked CPU kernels (specdec.models.prepack)
 
     @classmethod
     def of(cls, pair: "ModelPair") -> "PairInfo":
         return cls(pair.name, pair.target_id, pair.draft_id, str(pair.device),
                    str(pair.dtype).replace("torch.", ""), pair.vocab_size, getattr(pair, "draft_quant", ""),
-                   getattr(pair, "engine", "eager"))
+                   getattr(pair, "engine", "eager"), bool(getattr(pair, "prepacked", False)))
 
     @property
     def label(self) -> str:

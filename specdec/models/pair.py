@@ -30,6 +30,7 @@ import torch
 from specdec.models.embedded import EMBEDDED, Progress, embedded_folder
 from specdec.models.embedded import say as _say
 from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
+from specdec.models.prepack import prepack, prepack_supported, prepacked
 from specdec.models.quant import check_quant_support, quantize, resolve_quant
 from specdec.core.record import PairInfo
 from specdec.core.static_cache import resolve_engine
@@ -75,6 +76,11 @@ class ModelPair:
     # when the pair is built. A speed choice only: the three compute the same logits.
     engine: str = field(default_factory=resolve_engine)
     leases: int = field(default=0, repr=False)  # users decoding on it right now (see pair_lease)
+
+    @property
+    def prepacked(self) -> bool:
+        """Whether the target's linear layers run on prepacked CPU kernels (specdec.models.prepack)."""
+        return bool(prepacked(self.target))
 
     def describe(self) -> dict:
         """What a record says about this pair (`PairInfo`), as the JSON the bench and the CLI print."""
@@ -247,6 +253,10 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
         check_quant_support(dt, pair.device, draft_quant)  # a device map may have put the draft elsewhere than `dev`
         quantize(pair.draft, draft_quant)
         pair.draft_quant = draft_quant
+    if device_map is None and prepack_supported(dt, dev):
+        _say(progress, "prepacking the linear layers for the CPU")
+        prepack(pair.target)
+        prepack(pair.draft)  # a quantized draft has no float linear layers left
     return pair
 
 
@@ -516,7 +526,7 @@ def _load_pair(name, target, draft, dtype, device, device_map, max_memory, progr
     placement = json.dumps([dmap, max_memory], sort_keys=True, default=str) if dmap is not None else ""
     if not shared:
         return _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory, quant)
-    key = (target_id, draft_id, dt, str(dev), placement, quant)
+    key = (target_id, draft_id, dt, str(dev), placement, quant, prepack_supported(dt, dev))
     with _LOAD_LOCK:
         pair = PAIR_CACHE.get(key)
         if pair is None:

@@ -297,7 +297,7 @@ def _decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]
     for layer in layers:
         for parent in layer.modules():
             for attr, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
+                if isinstance(child, nn.Linear):  # prepacked ones too (models.prepack keeps the weight)
                     found.append((parent, attr, child))
     return found
 

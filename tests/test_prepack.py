@@ -1,0 +1,162 @@
+"""Prepacked CPU linear layers (specdec.models.prepack): bit-identical to nn.Linear on every pass width, actually
+used for narrow passes (a planted wrong packing shows through), off for wide passes and inside plain_kernels(),
+kept out of float32 and non-CPU pairs, safe to deep-copy and to quantize, and the speculative loop on a prepacked
+bf16 pair gives exactly the ids of the same pair unpacked."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from specdec.core.kvcache import CachedLM
+from specdec.core.sampling import SamplingConfig
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.models.pair import load_pair
+from specdec.models.prepack import (PREPACK_MIN_ROWS, PREPACK_ROWS, PrepackedLinear, plain_kernels, prepack, prepack_supported,
+                                    prepacked)
+from specdec.models.quant import Int8Linear, quantize
+from specdec.models.tiny import tiny_models, tiny_tokenizer
+
+BF16 = torch.bfloat16
+pytestmark = pytest.mark.skipif(not prepack_supported(BF16, "cpu"), reason="no oneDNN bf16 kernels on this CPU")
+
+
+def _tiny_bf16(seed: int = 0):
+    target, draft = tiny_models(len(tiny_tokenizer()), seed)
+    return target.to(BF16).eval(), draft.to(BF16).eval()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 17, 33, PREPACK_ROWS, PREPACK_ROWS + 1])
+@pytest.mark.parametrize("shape", [(1536, 1536), (8960, 1536), (1536, 8960)])
+def test_layer_is_bit_identical_to_linear_on_the_embedded_targets_shapes(rows, shape):
+    """The embedded target's bias-free projections (attention output, MLP up and down): nn.Linear's bits."""
+    n, k = shape
+    bias = False
+    gen = torch.Generator().manual_seed(rows)
+    linear = nn.Linear(k, n, bias=bias).to(BF16)
+    layer = PrepackedLinear.from_linear(linear)
+    assert layer.weight is linear.weight  # shared, not copied
+    x = torch.randn(1, rows, k, generator=gen).to(BF16)
+    assert torch.equal(layer(x), linear(x))
+
+
+def test_narrow_passes_use_the_packed_weight_and_plain_kernels_do_not():
+    """Plant a packing of another weight: narrow passes show it, wide passes and plain_kernels() do not."""
+    linear = nn.Linear(64, 80, bias=False).to(BF16)
+    layer = PrepackedLinear.from_linear(linear)
+    layer.packed = PrepackedLinear(torch.zeros(80, 64, dtype=BF16)).packed
+    narrow = torch.randn(3, 64).to(BF16)
+    assert layer(narrow).abs().sum() == 0  # the packed kernel ran
+    with plain_kernels():
+        assert torch.equal(layer(narrow), linear(narrow))
+    assert torch.equal(layer(narrow), torch.zeros(3, 80, dtype=BF16))  # back on once the block ends
+    wide = torch.randn(PREPACK_ROWS + 1, 64).to(BF16)
+    assert torch.equal(layer(wide), linear(wide))
+
+
+@torch.inference_mode()
+def test_whole_model_logits_are_bit_identical_with_a_cache():
+    target, _ = _tiny_bf16()
+    ref = copy.deepcopy(target)
+    assert prepack(target) > 0 and prepacked(target) and not prepacked(ref)
+    assert target.get_output_embeddings().weight is target.get_input_embeddings().weight or \
+        not target.config.tie_word_embeddings
+    vocab = target.config.vocab_size
+    a, b = CachedLM(target, vocab), CachedLM(ref, vocab)
+    prompt = [i % vocab for i in range(5, 45)]
+
+    def close(x, y):
+        assert torch.equal(x, y)
+
+    close(a.feed(prompt), b.feed(prompt))
+    for width in (1, 5, 17):
+        ids = [(7 * width + i) % vocab for i in range(width)]
+        close(a.feed(ids, n_logits=width), b.feed(ids, n_logits=width))
+
+
+def test_prepack_skips_float32_biased_and_packed_layers(monkeypatch):
+    target, _ = tiny_models(len(tiny_tokenizer()), 0)
+    assert prepack(target.eval()) == 0  # float32: left alone
+    assert not prepack_supported(torch.float32, "cpu") and not prepack_supported(BF16, "cuda")
+    biased = nn.Sequential(nn.Linear(8, 8).to(BF16), nn.Linear(8, 8, bias=False).to(BF16))
+    assert prepack(biased) == 1 and type(biased[0]) is nn.Linear and isinstance(biased[1], PrepackedLinear)
+    monkeypatch.setenv("SPECDEC_PREPACK", "0")
+    assert not prepack_supported(BF16, "cpu")
+    monkeypatch.delenv("SPECDEC_PREPACK")
+    _, draft = _tiny_bf16()
+    quantize(draft, "int8")
+    assert prepack(draft) == 0  # every linear layer is quantized already
+
+
+@torch.inference_mode()
+def test_deepcopy_keeps_ties_and_a_prepacked_model_quantizes():
+    target, draft = _tiny_bf16()
+    prepack(draft)
+    twin = copy.deepcopy(draft)
+    head = twin.get_output_embeddings()
+    assert isinstance(head, PrepackedLinear) and head.weight is not draft.get_output_embeddings().weight
+    if twin.config.tie_word_embeddings:
+        assert head.weight is twin.get_input_embeddings().weight
+    ids = torch.tensor([list(range(3, 12))])
+    assert torch.equal(twin(input_ids=ids).logits, draft(input_ids=ids).logits)
+    quantize(twin, "int8")
+    assert isinstance(twin.get_output_embeddings(), Int8Linear)
+    assert not any(isinstance(m, PrepackedLinear) for m in twin.modules())
+
+
+def test_row_subsets_for_a_reduced_head():
+    """select_rows: a large block of rows is a packed layer of its own, a few rows are plain weight rows; both give
+    the whole layer's columns."""
+    linear = nn.Linear(96, 400, bias=False).to(BF16)
+    layer = PrepackedLinear.from_linear(linear)
+    x = torch.randn(3, 96).to(BF16)
+    block, few = layer.select_rows(slice(0, PREPACK_MIN_ROWS)), layer.select_rows(torch.tensor([5, 300, 399]))
+    assert isinstance(block, PrepackedLinear) and isinstance(few, torch.Tensor)
+    torch.testing.assert_close(block(x), linear(x)[:, :PREPACK_MIN_ROWS], rtol=0, atol=1e-2)
+    torch.testing.assert_close(nn.functional.linear(x, few), linear(x)[:, [5, 300, 399]], rtol=0, atol=1e-2)
+
+
+def test_speculative_ids_equal_the_unpacked_pair(tiny_pair):
+    """The loop on a prepacked bf16 pair makes exactly the choices it makes on the same pair unpacked (greedy and
+    sampled with one seed): the kernels give the same numbers, so nothing downstream can tell them apart."""
+    target, draft = _tiny_bf16(seed=0)
+    plain = dataclasses.replace(tiny_pair, target=target, draft=draft, dtype=BF16)
+    packed_t, packed_d = copy.deepcopy(target), copy.deepcopy(draft)
+    prepack(packed_t), prepack(packed_d)
+    packed = dataclasses.replace(plain, target=packed_t, draft=packed_d)
+    assert packed.prepacked and not plain.prepacked
+    for s in (DecodeSettings(gamma=4, max_new_tokens=24),
+              DecodeSettings(gamma=3, max_new_tokens=24, sampling=SamplingConfig(0.8, 0, 0.95), seed=3),
+              DecodeSettings(gamma=5, max_new_tokens=24, drafter="auto")):
+        runs = []
+        for pair in (plain, packed):
+            dec = SpeculativeDecoder(pair, "the cat sat on the mat and the cat", s)
+            list(dec)
+            runs.append((dec.generated_ids, [r.n_accepted for r in dec.rounds]))
+        assert runs[0] == runs[1]
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_the_app_default_pair_is_prepacked_and_bit_identical():
+    """The embedded pair in bf16 (the app's CPU default, int4 draft): its target is prepacked, and its logits on a
+    prompt and on 1-, 5- and 17-token passes after it are the same bits inside plain_kernels() as outside."""
+    pair = load_pair("default-int4", dtype="bfloat16", device="cpu")
+    assert pair.prepacked and pair.describe()["prepacked"]
+    assert isinstance(pair.target.get_output_embeddings(), PrepackedLinear)
+    ids = pair.tokenizer("def fibonacci(n):\n    if n < 2:", return_tensors="pt").input_ids[0].tolist()
+    runs = []
+    for use_plain in (True, False):
+        lm = CachedLM(pair.target, pair.vocab_size)
+        with plain_kernels() if use_plain else contextlib.nullcontext():
+            out = [lm.feed(ids)]
+            for width in (1, 5, 17):
+                out.append(lm.feed(list(range(100, 100 + width)), n_logits=width))
+        runs.append(out)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
