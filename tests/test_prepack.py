@@ -18,8 +18,8 @@ from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.models.pair import load_pair
-from specdec.models.prepack import (PREPACK_MIN_ROWS, PREPACK_ROWS, PrepackedLinear, plain_kernels, prepack, prepack_supported,
-                                    prepacked)
+from specdec.models.prepack import (PREPACK_MIN_ROWS, PREPACK_ROWS, PrepackedLinear, plain_kernels, prepack,
+                                    prepack_supported, prepacked)
 from specdec.models.quant import Int8Linear, quantize
 from specdec.models.tiny import tiny_models, tiny_tokenizer
 

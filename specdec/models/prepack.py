@@ -4,12 +4,15 @@ A decode step or a verify pass multiplies a few rows of activations by every wei
 reading weights. On this project's 2-core CPU (AMD EPYC, AVX-512 with bf16) torch's bf16 `F.linear` read a
 [8960, 1536] weight at ~10-12 GB/s for 1-5 rows, while the same matmul through oneDNN with the weight reordered
 once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise`: what inductor's
-CPU weight prepacking calls) read it at ~21-27 GB/s -- and gave bit-identical outputs on every shape tried (1 to
-340 rows; `tests/test_prepack.py` checks whole models). Over more rows the matmul is compute-bound and packing
-gains nothing, so passes wider than PREPACK_ROWS (a prompt's prefill) keep `F.linear`.
+CPU weight prepacking calls) read it at ~21-27 GB/s -- and, for bias-free layers, gave the same bits as `F.linear`
+at every width tried (1 to 64 rows on the embedded target's shapes; `tests/test_prepack.py` checks layers, whole
+models and the real pair). Over more rows the matmul is compute-bound and packing gains nothing, so passes wider
+than PREPACK_ROWS (a prompt's prefill) keep `F.linear`. On the embedded target (interleaved, median of 7, after a
+300-token prompt) a one-token step took 261 ms on F.linear and 234 ms prepacked (1.12x), a 5-token verify pass
+287 and 173 ms (1.66x), a 17-token pass 386 and 282 ms (1.37x), logits bit-identical each time.
 
-`prepack(model)` swaps every `nn.Linear` of a CPU model in bfloat16 for a `PrepackedLinear` that keeps the original
-weight (shared, not copied: the output head may be tied to the input embeddings) beside its packed copy, so a
+`prepack(model)` swaps every bias-free `nn.Linear` of a CPU model in bfloat16 for a `PrepackedLinear` that keeps the
+original weight (shared, not copied: the output head may be tied to the input embeddings) beside its packed copy, so a
 prepacked model holds its linear weights twice. The swap is made when a pair loads (`models.pair`, on a CPU in
 bfloat16; SPECDEC_PREPACK=0 turns it off).
 
@@ -29,6 +32,7 @@ from torch import nn
 
 PREPACK_DTYPES = (torch.bfloat16,)  # fp32 measured no faster packed; fp16 is not packed for the CPU here
 PREPACK_ROWS = 64  # passes over more rows than this use F.linear (compute-bound: packing measured no gain)
+PREPACK_MIN_ROWS = 256  # select_rows packs a row subset of at least this many rows (fewer: plain weight rows)
 PREPACK_HINT = 1  # the batch size the weight is reordered for (a hint to oneDNN; every row count works)
 _PLAIN = ContextVar("specdec_plain_kernels", default=False)
 
@@ -94,8 +98,6 @@ class PrepackedLinear(nn.Linear):
         memo[id(self)] = out
         return out
 
-
-PREPACK_MIN_ROWS = 256  # select_rows packs a row subset of at least this many rows
 
 
 def prepack(model: nn.Module) -> int:
