@@ -99,7 +99,6 @@ class PrepackedLinear(nn.Linear):
         return out
 
 
-
 def prepack(model: nn.Module) -> int:
     """Swap every bias-free nn.Linear of `model` (CPU, a PREPACK_DTYPES weight) for a PrepackedLinear, in place;
     returns how many were swapped. Layers already swapped or quantized (models.quant's packed layers) are left
