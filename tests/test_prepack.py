@@ -101,6 +101,7 @@ def test_deepcopy_keeps_ties_and_a_prepacked_model_quantizes():
     twin = copy.deepcopy(draft)
     head = twin.get_output_embeddings()
     assert isinstance(head, PrepackedLinear) and head.weight is not draft.get_output_embeddings().weight
+    assert head.packed is None  # packed on its first narrow pass, not by the copy
     if twin.config.tie_word_embeddings:
         assert head.weight is twin.get_input_embeddings().weight
     ids = torch.tensor([list(range(3, 12))])

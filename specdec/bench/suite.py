@@ -19,9 +19,9 @@ Contenders:
   its display candidates, as the app runs it;
 - our plain decoding (`plain`, no drafting): how much of a speedup is this engine's prepacked CPU kernels
   (models.prepack) rather than speculation; not counted among ours for the best-of columns;
-- transformers, as it ships (on F.linear, `prepack.plain_kernels`): plain `generate()` (the baseline), assisted generation with the draft at its own generation
-  config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`), and prompt lookup (`hf_lookup`,
-  prompt_lookup_num_tokens = 10, transformers' documented example value).
+- transformers, as it ships (on F.linear, `prepack.plain_kernels`): plain `generate()` (the baseline), assisted
+  generation with the draft at its own generation config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`),
+  and prompt lookup (`hf_lookup`, prompt_lookup_num_tokens = 10, transformers' documented example value).
 """
 
 from __future__ import annotations

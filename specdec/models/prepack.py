@@ -64,12 +64,14 @@ class PrepackedLinear(nn.Linear):
     """An nn.Linear (same weight and bias parameters) that multiplies passes of at most PREPACK_ROWS rows by a
     oneDNN-packed copy of its weight."""
 
-    def __init__(self, weight: nn.Parameter | torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: nn.Parameter | torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True):
+        """pack=False defers packing to the first narrow pass (a deep copy: it is often quantized before one)."""
         nn.Module.__init__(self)  # not nn.Linear.__init__: it would allocate a fresh weight
         self.out_features, self.in_features = weight.shape
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
         self.bias = bias
-        self.packed = _pack(weight)  # a plain attribute: an opaque oneDNN tensor, not part of the state dict
+        # A plain attribute: an opaque oneDNN tensor, not part of the state dict; None until packed.
+        self.packed = _pack(weight) if pack else None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "PrepackedLinear":
@@ -80,6 +82,8 @@ class PrepackedLinear(nn.Linear):
         if (torch.compiler.is_compiling()  # a compiled graph traces F.linear (inductor packs weights itself)
                 or rows > PREPACK_ROWS or x.dtype != self.weight.dtype or x.device.type != "cpu" or _PLAIN.get()):
             return nn.functional.linear(x, self.weight, self.bias)
+        if self.packed is None:
+            self.packed = _pack(self.weight)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [None], "")
 
     def select_rows(self, rows) -> "PrepackedLinear | torch.Tensor":
@@ -92,9 +96,9 @@ class PrepackedLinear(nn.Linear):
         return PrepackedLinear(weight.detach().contiguous())
 
     def __deepcopy__(self, memo):
-        """A copy with its own weights (a quantized copy of a draft starts from one), packed again; a weight tied to
-        another module stays tied in the copy (the memo)."""
-        out = PrepackedLinear(copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo))
+        """A copy with its own weights, packed on its first narrow pass (a quantized copy of a draft starts from one
+        and never packs: quantize replaces the layer); a weight tied to another module stays tied (the memo)."""
+        out = PrepackedLinear(copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo), pack=False)
         memo[id(self)] = out
         return out
 
@@ -112,11 +116,9 @@ def prepack(model: nn.Module) -> int:
                     and child.weight.device.type == "cpu"):
                 setattr(parent, attr, PrepackedLinear.from_linear(child))
                 swapped += 1
-    if swapped:
-        model._specdec_prepacked = swapped
     return swapped
 
 
 def prepacked(model: nn.Module) -> int:
-    """How many layers `prepack` swapped in this model (0: none)."""
-    return getattr(model, "_specdec_prepacked", 0)
+    """How many of the model's layers are PrepackedLinear now (0: none; a quantized copy has none left)."""
+    return sum(isinstance(m, PrepackedLinear) for m in model.modules())
