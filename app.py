@@ -247,8 +247,11 @@ def build_demo(pg: Playground) -> gr.Blocks:
         # the task instead left the in-flight round running anyway and marked the outputs as errored.
         gen_btn.click(guarded(pg.generate), [session, *control_inputs], api_name="generate", **decode)
         run_btn.click(guarded(pg.run_to_end), [session, *control_inputs], api_name="run_to_end", **decode)
-        # "multiple": every press is one round, even while the previous one is still running
-        step_btn.click(guarded(pg.step), [session, *control_inputs], api_name="step", trigger_mode="multiple",
+        # "always_last": a press while a Step runs queues one more Step, which starts when that one's updates have
+        # landed. Overlapping Steps ("multiple") raced in the browser: Gradio re-sends a generator's last output
+        # when it ends and applies two events' updates concurrently, so an earlier Step's view could land after a
+        # later one's and take the page back a round.
+        step_btn.click(guarded(pg.step), [session, *control_inputs], api_name="step", trigger_mode="always_last",
                        **decode)
         stop_btn.click(guarded(pg.stop), [session], outputs, api_name="stop", **light)
         reset_btn.click(guarded(pg.reset), [session], outputs, api_name="reset", **light)

@@ -136,12 +136,16 @@ def test_generate_streams_rounds_then_step_adds_exactly_one(page, app_url):
     page.keyboard.press("s")
     assert wait_status(page, f"Stepped round {n + 2}").startswith(f"Stepped round {n + 2}:")
     assert page.locator(ROUNDS).count() == n + 2
-    # presses faster than rounds queue up: two presses, two rounds
+    # a press while a Step runs queues the next one: two quick presses, two rounds
     page.keyboard.press("s")
     page.keyboard.press("s")
     wait_status(page, f"Stepped round {n + 4}")
     # the status and the token view are separate DOM updates of one event: let the view catch up before counting
-    page.wait_for_function(f"() => document.querySelectorAll('{ROUNDS}').length >= {n + 4}", timeout=10_000)
+    try:
+        page.wait_for_function(f"() => document.querySelectorAll('{ROUNDS}').length >= {n + 4}", timeout=10_000)
+    except Exception:
+        raise AssertionError(f"{page.locator(ROUNDS).count()} rounds on screen, want {n + 4}; "
+                             f"status: {status_text(page)!r}") from None
     assert page.locator(ROUNDS).count() == n + 4
     settle(page)
     page.screenshot(path=str(ARTIFACTS / "playground-light.png"), full_page=True)

@@ -28,6 +28,7 @@ from specdec.loop.tree import TreeDecoder
 from specdec.loop.tree_display import TreeRun
 from specdec.core.settings import encode_prompt
 from specdec.drafters.head import resolve_draft_vocab
+from specdec.core.events import Round
 from specdec.core.errors import InvalidInputError, ModelLoadError, SpecDecError, TraceError
 from specdec.core.record import PairInfo, RunRecord
 from specdec.core.metrics import time_breakdown
@@ -308,13 +309,17 @@ class Playground:
         if session.decoder.done:
             yield self.view(session, "info", finished_message(session.current()) + AGAIN, recorded=True)
             return
-        rnd = session.step_once(run)
-        if rnd is None:  # superseded by a newer action while waiting for the lock
+
+        def stepped_view(rnd: Round) -> tuple:
+            rec = session.current()
+            msg = f"Stepped round {rnd.index + 1}: {describe_round(rnd)}."
+            msg += " " + (finished_message(rec) if rec.stop_reason else "Press Step (S) again, or Run to end.")
+            return self.view(session, "ok" if rec.stop_reason else "info", msg, recorded=True)
+
+        view = session.step_once(run, render=stepped_view)
+        if view is None:  # superseded by a newer action while waiting for the lock
             return
-        rec = session.current()
-        msg = f"Stepped round {rnd.index + 1}: {describe_round(rnd)}."
-        msg += " " + (finished_message(rec) if rec.stop_reason else "Press Step (S) again, or Run to end.")
-        yield self.view(session, "ok" if rec.stop_reason else "info", msg, recorded=True)
+        yield view
 
     def stop(self, session: Session | None):
         """Stop a streaming run after its in-flight round; the stream itself renders the stopped state."""
