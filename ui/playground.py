@@ -488,9 +488,9 @@ def guarded(handler, n_outputs: int | None = None):
 
 def default_pair_name() -> str:
     """The pair the app opens on: the embedded pair with its int4 draft on a CPU (measured faster there: the draft's
-    cost per guess fell from 0.34 of a verify pass to 0.14, at the bf16 draft's acceptance within 0.011 on every
-    task kind; 2.20x plain decoding against 1.45x, `bench --quant-draft`), the plain one on a GPU, where the packed
-    kernels do not run."""
+    cost per guess is 0.21 of a verify pass against 0.40 for the bf16 draft, at its acceptance within 0.012 on every
+    task kind; 2.12x plain decoding against 1.46x, `bench --quant-draft` on the prepacked target), the plain one on a
+    GPU, where the packed kernels do not run."""
     import torch
 
     on_gpu = os.environ.get("SPECDEC_DEVICE", "auto") == "cuda" or torch.cuda.is_available()

@@ -13,7 +13,8 @@ the output projection (lm_head) for a packed layer:
   less often (teacher-forced on the target's own 64-token outputs, 3 prompts per kind: prose 0.651, chat 0.792
   against 0.688 and 0.836 for the bf16 draft); with the MLPs alone in 4 bits 0.677 and 0.831 (code 0.948 against
   0.958 either way), and with the range search (`quantize_groups`) acceptance matched the bf16 draft's in the
-  loop: alpha within 0.011 on every kind of `bench --quant-draft`, at c_loop 0.14 against 0.34.
+  loop: alpha within 0.011 on every kind of `bench --quant-draft`, at c_loop 0.14 against 0.34 (0.21 against 0.40
+  once the target's layers were prepacked and its verify pass got cheaper).
 
 A one-token draft step is bound by reading weights, and the packed kernels read a half (int8) or a quarter
 (int4) of the bf16 bytes. On this project's 2-core CPU (AMD EPYC, AVX-512), for one row and a [4864, 896]
