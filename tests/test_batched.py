@@ -194,7 +194,7 @@ def test_bad_settings_are_refused(tiny_pair):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gamma", [2, 4])
+@pytest.mark.parametrize("gamma", [4])  # other gammas run on the tiny pair; the real pair is minutes on 2 cores
 def test_real_pair_batched_greedy_equals_batch1(real_pair_fp32, gamma):
     """The embedded pair in fp32: each row of a left-padded batch equals that prompt's batch-1 greedy output."""
     prompts = ["def fibonacci(n):", "The history of the printing press begins",

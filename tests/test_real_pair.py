@@ -44,7 +44,7 @@ def references(real_pair_fp32):
     return refs
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 8])
+@pytest.mark.parametrize("gamma", [1, 8])  # the edges; γ 4, the default, is what the other real-pair tests run
 def test_greedy_equals_target_generate(real_pair_fp32, references, gamma):
     for prompt, chat in PROMPTS:
         dec = SpeculativeDecoder(real_pair_fp32, prompt, DecodeSettings(gamma=gamma, max_new_tokens=NEW, chat=chat))
