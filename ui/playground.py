@@ -28,7 +28,6 @@ from specdec.loop.tree import TreeDecoder
 from specdec.loop.tree_display import TreeRun
 from specdec.core.settings import encode_prompt
 from specdec.drafters.head import resolve_draft_vocab
-from specdec.core.events import Round
 from specdec.core.errors import InvalidInputError, ModelLoadError, SpecDecError, TraceError
 from specdec.core.record import PairInfo, RunRecord
 from specdec.core.metrics import time_breakdown
@@ -296,8 +295,8 @@ class Playground:
     def step(self, session: Session | None, *inputs):
         """Run exactly one round (starting a run from the controls if there is none).
 
-        Step ends a running stream, but not another Step: presses queued quickly (the S key) each run one round,
-        one after another under the session lock.
+        Step ends a running stream. Steps never overlap in the browser: a press made while one runs queues one more
+        (app.py wires it so), which starts once this one's updates have landed.
         """
         session = session or Session()
         if self.detached:
@@ -309,17 +308,13 @@ class Playground:
         if session.decoder.done:
             yield self.view(session, "info", finished_message(session.current()) + AGAIN, recorded=True)
             return
-
-        def stepped_view(rnd: Round) -> tuple:
-            rec = session.current()
-            msg = f"Stepped round {rnd.index + 1}: {describe_round(rnd)}."
-            msg += " " + (finished_message(rec) if rec.stop_reason else "Press Step (S) again, or Run to end.")
-            return self.view(session, "ok" if rec.stop_reason else "info", msg, recorded=True)
-
-        view = session.step_once(run, render=stepped_view)
-        if view is None:  # superseded by a newer action while waiting for the lock
+        rnd = session.step_once(run)
+        if rnd is None:  # superseded by a newer action while waiting for the lock
             return
-        yield view
+        rec = session.current()
+        msg = f"Stepped round {rnd.index + 1}: {describe_round(rnd)}."
+        msg += " " + (finished_message(rec) if rec.stop_reason else "Press Step (S) again, or Run to end.")
+        yield self.view(session, "ok" if rec.stop_reason else "info", msg, recorded=True)
 
     def stop(self, session: Session | None):
         """Stop a streaming run after its in-flight round; the stream itself renders the stopped state."""

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 from components import render_round
 from specdec.loop.decoder import SpeculativeDecoder
@@ -27,8 +27,6 @@ from specdec.models.pair import pair_lease
 from specdec.core.record import RunRecord
 
 from .loader import LoadJob
-
-T = TypeVar("T")
 
 LOCK_TIMEOUT_S = 60.0  # longest wait for an in-flight round (the default pair needs ~1 s per round on CPU)
 # Rounds faster than this (tiny pair, GPUs) are paced for display: a browser needs ~0.1 s to draw an update on a
@@ -115,25 +113,19 @@ class Session:
         return False
 
     # -- round sources (what a stream consumes) ------------------------------------------------------------------
-    def step_once(self, run: int, render: Callable[[Round], T] | None = None) -> Round | T | None:
-        """One round of the live decoder under the lock, unless the run was superseded or the decoder is done.
-
-        render: called with the round while the lock is still held, and its result returned instead of the round,
-        so a Step's view shows the run exactly as its own round left it, even when API callers step one session
-        from two threads at once.
-        """
+    def step_once(self, run: int) -> Round | None:
+        """One round of the live decoder under the lock, unless the run was superseded or the decoder is done."""
         self.acquire()
         try:
             if self.run_id != run or not self.live:
                 return None
-            # Pacing (see MIN_ROUND_INTERVAL_S) also spaces queued Steps' updates apart.
-            self.pace()
+            self.pace()  # see MIN_ROUND_INTERVAL_S
             if self.run_id != run:
                 return None
             with pair_lease(self.decoder.pair):  # the shared cache keeps the pair while a round runs on it
                 rnd = self.decoder.step()
             self.add(rnd)
-            return rnd if render is None else render(rnd)
+            return rnd
         finally:
             self.lock.release()
 
