@@ -53,14 +53,16 @@ ROOT = Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
 DEFAULTS = {"gamma": 4, "max_new_tokens": 64, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "seed": 0}
 
-# Clicking a token (in the token view or the round anatomy) points the p-vs-q chart at it; see Playground.select.
+# Clicking a token (in the token view or the round anatomy) points the p-vs-q chart at it; the clicks are numbered
+# so the last one wins (see Playground.token_clicked).
 TOKEN_CLICK_JS = """
 element.addEventListener('click', (e) => {
   const chip = e.target.closest('.tok[data-r]');
   if (!chip) return;
   document.querySelectorAll('.tok.sel').forEach((t) => t.classList.remove('sel'));
   chip.classList.add('sel');
-  trigger('click', {round: Number(chip.dataset.r), pos: Number(chip.dataset.p)});
+  window.__sdClicks = (window.__sdClicks || 0) + 1;
+  trigger('click', {round: Number(chip.dataset.r), pos: Number(chip.dataset.p), seq: window.__sdClicks});
 });
 """
 
@@ -272,8 +274,9 @@ def build_demo(pg: Playground) -> gr.Blocks:
                                             [metrics_btn], [metrics_btn], api_visibility="private", **light)
 
         chart = [round_dd, pos_dd, pq_plot]
-        tokens.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)
-        phases.click(guarded(pg.token_clicked, 3), [session], chart, api_visibility="private", **light)
+        clicks = dict(api_visibility="private", trigger_mode="multiple", **light)  # the last click wins
+        tokens.click(guarded(pg.token_clicked, 3), [session], chart, **clicks)
+        phases.click(guarded(pg.token_clicked, 3), [session], chart, **clicks)
         round_dd.input(guarded(pg.select_round, 3), [session, round_dd], chart, api_visibility="private", **light)
         pos_dd.input(guarded(pg.select, 3), [session, round_dd, pos_dd], chart, api_visibility="private", **light)
         round_dd.input(guarded(pg.select_tree, 2), [session, round_dd], [tree_view, tree_plot],

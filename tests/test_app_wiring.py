@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import gradio as gr
 import pytest
 import torch
 
@@ -339,3 +340,31 @@ def test_api_defaults_stay_the_documented_ones_while_the_page_opens_on_the_first
     first = app.load_examples()[0]
     assert first["drafter"] == "ngram" and by_id["sd-prompt"].value == first["prompt"]
     assert by_id["sd-gamma"].value == first["gamma"] and by_id["sd-temperature"].value == first["temperature"]
+
+
+class Click:
+    """What Gradio hands token_clicked: the page's trigger('click', {...}) payload as `_data`."""
+
+    def __init__(self, **data):
+        self._data = data
+
+
+def test_token_clicks_overlap_and_the_newest_one_wins(pg):
+    import app
+
+    demo = app.build_demo(pg)
+    by_id = {b.elem_id: b._id for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    modes = {(b, ev): fn.trigger_mode for fn in demo.fns.values() for b, ev in fn.targets}
+    # "once" would drop a click made while the previous click is answered: the chip lights, the chart stays put
+    assert modes[(by_id["sd-tokens"], "click")] == modes[(by_id["sd-phases"], "click")] == "multiple"
+    assert modes[(by_id["sd-step"], "click")] == "always_last"  # overlapping Steps could land out of order
+
+    session = last(guarded(pg.generate)(None, *controls(max_new=40)))[0]
+    assert len(session.rounds) >= 2
+    title = lambda out: out[2].layout.title.text  # noqa: E731
+    assert title(pg.token_clicked(session, Click(round=1, pos=0, seq=2))).startswith("Round 2, position 0")
+    # an older click answered after the newer one changes nothing
+    assert pg.token_clicked(session, Click(round=0, pos=1, seq=1)) == (gr.skip(),) * 3
+    assert title(pg.token_clicked(session, Click(round=0, pos=1, seq=3))).startswith("Round 1, position 1")
+    # API-style payloads without a number are answered as before
+    assert title(pg.token_clicked(session, Click(round=0, pos=0))).startswith("Round 1, position 0")

@@ -157,8 +157,11 @@ def test_clicking_a_token_charts_its_position(page, app_url):
     start_and_stop_mid_run(page)
     chip = page.locator("#sd-tokens .tok-rej").first
     r, p = int(chip.get_attribute("data-r")), int(chip.get_attribute("data-p"))
-    page.locator("#sd-tokens .rnd").first.locator(".tok").first.click()  # move the chart elsewhere first
-    chip.click()
+    # two clicks in one go, as a quick user makes them: the second arrives while the first is still answered
+    page.evaluate("""(chip) => new Promise((done) => {
+      document.querySelector('#sd-tokens .rnd .tok').click();
+      setTimeout(() => { chip.click(); done(); }, 30);
+    })""", chip.element_handle())
     page.wait_for_function(
         "(want) => (document.querySelector('#sd-pq .gtitle')?.textContent || '').startsWith(want)",
         arg=f"Round {r + 1}, position {p}", timeout=15_000)

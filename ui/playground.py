@@ -409,10 +409,21 @@ class Playground:
         return self.tree_view(rounds, min(max(int(r), 0), len(rounds) - 1))
 
     def token_clicked(self, session: Session | None, evt: gr.EventData):
+        """A click on a token chip points the chart at it; the last click wins.
+
+        Clicks are answered side by side (app.py wires them with trigger_mode "multiple": with Gradio's "once" a
+        click made while the previous one was answered was dropped, so the highlighted chip and the chart
+        disagreed). The page numbers its clicks; one answered after a newer one changes nothing.
+        """
         data = getattr(evt, "_data", None) or {}
-        if "round" not in data:
+        if "round" not in data or session is None:
             return gr.skip(), gr.skip(), gr.skip()
-        return self.select(session, data.get("round"), data.get("pos"))
+        seq = int(data.get("seq") or 0)
+        with session.click_lock:  # held while the chart is built, so answers leave in the order they were taken
+            if seq and seq <= session.last_click:
+                return gr.skip(), gr.skip(), gr.skip()
+            session.last_click = max(session.last_click, seq)
+            return self.select(session, data.get("round"), data.get("pos"))
 
     def current_pair(self):
         """The startup pair for the Learn tab: None while loading, a ModelLoadError if loading failed."""

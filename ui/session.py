@@ -48,6 +48,8 @@ class Session:
     round_at: float = 0.0  # perf_counter time the last round started (for pacing)
     streamer: int | None = None  # run id of the Generate / Run-to-end handler that is running, if any
     interrupt: tuple[str, int] | None = None  # ("stop" | "reset" | "replay", run id) left for the streamer
+    last_click: int = 0  # number of the newest token click answered (the page numbers its clicks 1, 2, ...)
+    click_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # -- what is on screen -------------------------------------------------------------------------------------
     def current(self) -> RunRecord | None:
