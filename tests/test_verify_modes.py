@@ -90,11 +90,18 @@ def forcing_uniforms(mode: str, k: int, g: int) -> torch.Tensor:
     return u
 
 
-def speculative_law(mode: str, g: int, ctx: tuple = (), n: int = LENGTH, run=verify) -> dict[tuple, float]:
+def speculative_law(mode: str, g: int, ctx: tuple = (), n: int = LENGTH, run=verify,
+                    memo: dict | None = None) -> dict[tuple, float]:
     """The exact law of the first n tokens of speculative decoding with g guesses per round: every draft weighted
-    by q, every kept count by its probability, every emitted token by the distribution the rule drew it from."""
+    by q, every kept count by its probability, every emitted token by the distribution the rule drew it from.
+
+    The law of what follows depends only on the context and the tokens still to come, so each (ctx, n) is worked
+    out once per call (`memo`; a fresh one per top-level call, so a planted bug never reads another run's law)."""
     if n <= 0:
         return {(): 1.0}
+    memo = {} if memo is None else memo
+    if (ctx, n) in memo:
+        return memo[(ctx, n)]
     out: dict[tuple, float] = {}
     for xs in itertools.product(range(V), repeat=g):
         tokens, q, p = _round(ctx, xs)
@@ -111,9 +118,10 @@ def speculative_law(mode: str, g: int, ctx: tuple = (), n: int = LENGTH, run=ver
                 if p_y <= 0:
                     continue
                 emitted = xs[:k] + (y,)
-                for rest, pr in speculative_law(mode, g, ctx + emitted, n - len(emitted), run).items():
+                for rest, pr in speculative_law(mode, g, ctx + emitted, n - len(emitted), run, memo).items():
                     seq = (emitted + rest)[:n]
                     out[seq] = out.get(seq, 0.0) + q_x * p_k * p_y * pr
+    memo[(ctx, n)] = out
     return out
 
 
