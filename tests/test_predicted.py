@@ -221,7 +221,7 @@ REAL_PROMPT = [{"role": "user", "content": "Add type hints to this function and 
 @pytest.mark.slow
 def test_real_pair_greedy_equals_plain_greedy(real_pair_fp32):
     pair = real_pair_fp32
-    base = DecodeSettings(max_new_tokens=40, chat=True)
+    base = DecodeSettings(max_new_tokens=24, chat=True)
     ref = plain_decode(pair, REAL_PROMPT, base)
     words = ref.text.split(" ")
     edited = " ".join(w if i % 5 != 2 else w + "_x" for i, w in enumerate(words))  # a few words changed

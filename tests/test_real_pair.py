@@ -46,7 +46,8 @@ def references(real_pair_fp32):
 
 @pytest.mark.parametrize("gamma", [1, 8])  # the edges; γ 4, the default, is what the other real-pair tests run
 def test_greedy_equals_target_generate(real_pair_fp32, references, gamma):
-    for prompt, chat in PROMPTS:
+    # each γ meets half the prompts (a code, a prose and a chat one; PROMPTS alternates them): ~1 s a token here
+    for prompt, chat in PROMPTS[gamma == 8::2]:
         dec = SpeculativeDecoder(real_pair_fp32, prompt, DecodeSettings(gamma=gamma, max_new_tokens=NEW, chat=chat))
         list(dec)
         assert dec.generated_ids == references[prompt], (prompt, gamma)
