@@ -55,6 +55,31 @@ def real_pair_fp32():
     return load_pair("default", dtype="float32", device="cpu")
 
 
+REFERENCE_TOKENS = 24  # the longest reference the real-pair tests compare against
+
+
+@pytest.fixture(scope="session")
+def real_greedy(real_pair_fp32):
+    """greedy(prompt, n, chat=False): the first n token ids of plain greedy decoding (loop.plain) on the real fp32
+    pair, decoded once per prompt for the whole run. Greedy decoding is deterministic and its first n tokens do
+    not depend on how many follow, so one decode of REFERENCE_TOKENS serves every test on that prompt (each plain
+    decode costs ~1 s a token on 2 CPU cores, and a dozen tests share a few prompts)."""
+    from specdec.core.settings import DecodeSettings
+    from specdec.loop.plain import plain_decode
+
+    done: dict[tuple[str, bool], tuple[list[int], int]] = {}
+
+    def greedy(prompt: str, n: int, chat: bool = False) -> list[int]:
+        ids, asked = done.get((prompt, chat), ([], 0))
+        if asked < n and len(ids) == asked:  # shorter than asked only where the decode ended (end of text)
+            asked = max(n, REFERENCE_TOKENS)
+            ids = plain_decode(real_pair_fp32, prompt, DecodeSettings(max_new_tokens=asked, chat=chat)).ids
+            done[(prompt, chat)] = ids, asked
+        return list(ids[:n])
+
+    return greedy
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

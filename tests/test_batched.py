@@ -195,11 +195,11 @@ def test_bad_settings_are_refused(tiny_pair):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gamma", [4])  # other gammas run on the tiny pair; the real pair is minutes on 2 cores
-def test_real_pair_batched_greedy_equals_batch1(real_pair_fp32, gamma):
+def test_real_pair_batched_greedy_equals_batch1(real_pair_fp32, real_greedy, gamma):
     """The embedded pair in fp32: each row of a left-padded batch equals that prompt's batch-1 greedy output."""
     prompts = ["def fibonacci(n):", "The history of the printing press begins",
                "import numpy as np\n\ndef moving_average(x, k):"]
     s = DecodeSettings(gamma=gamma, max_new_tokens=16)
-    refs = [plain_decode(real_pair_fp32, p, s).ids for p in prompts]
+    refs = [real_greedy(p, 16) for p in prompts]
     res = speculative_batch_decode(real_pair_fp32, prompts, s)
     assert res.ids == refs

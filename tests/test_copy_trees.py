@@ -264,12 +264,12 @@ def test_the_chi_square_catches_copied_children_verified_as_if_sampled(no_eos, o
 
 
 @pytest.mark.slow
-def test_greedy_copied_trees_equal_plain_greedy_on_the_real_pair(real_pair_fp32):
+def test_greedy_copied_trees_equal_plain_greedy_on_the_real_pair(real_pair_fp32, real_greedy):
     """fp32 on a CPU: the embedded pair's ngram and predicted tree rounds write plain greedy's text."""
     prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
               "def area_of_square(s):\n")
     s = DecodeSettings(max_new_tokens=24)
-    ref = plain_decode(real_pair_fp32, prompt, s).ids
+    ref = real_greedy(prompt, 24)
     truth = real_pair_fp32.tokenizer.decode(ref)
     kept = 0
     for settings, widths in ((DecodeSettings(max_new_tokens=24, drafter="ngram"), (4, 1, 1, 1, 1, 1)),

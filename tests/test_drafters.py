@@ -272,7 +272,7 @@ NEW_TOKENS = 12  # three rounds or more at every γ below; each token costs ~1 s
 
 
 @pytest.mark.slow
-def test_real_pair_greedy_equals_plain_greedy_for_every_drafter(real_pair_fp32):
+def test_real_pair_greedy_equals_plain_greedy_for_every_drafter(real_pair_fp32, real_greedy):
     """fp32 (bf16 on CPU is not bit-exact between one-token and many-token passes): code, prose and a grounded
     edit; every drafter, the gammas rotating over the prompts so each drafter meets several."""
     from specdec.prompts import GROUNDED
@@ -283,7 +283,7 @@ def test_real_pair_greedy_equals_plain_greedy_for_every_drafter(real_pair_fp32):
     gammas = {"model": (2, 4, 6), "ngram": (8, 3, 6), "early-exit": (2, 3, 4), "cross": (4, 2, 6)}
     kept = {d: 0 for d in DRAFTERS}
     for i, (prompt, chat) in enumerate(prompts):
-        ref = plain_decode(pair, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, chat=chat)).ids
+        ref = real_greedy(prompt, NEW_TOKENS, chat)
         for drafter in DRAFTERS:
             s = DecodeSettings(drafter=drafter, gamma=gammas[drafter][i], max_new_tokens=NEW_TOKENS, chat=chat)
             dec = SpeculativeDecoder(pair, prompt, s)

@@ -280,3 +280,12 @@ def test_draft_head_is_reduced_only_for_large_vocabularies_with_plain_heads(tiny
     assert resolve_draft_vocab(pair(151936, "qwen2"), 0) == 0 and resolve_draft_vocab(tiny_pair, 40) == 40
     assert resolve_draft_vocab(pair(151936, "qwen2", "cuda"), None) == 0  # measured slower on a GPU
     assert resolve_draft_vocab(pair(151936, "qwen2", "cuda"), 65536) == 65536  # asked for explicitly
+
+
+def test_plain_greedy_prefixes_do_not_depend_on_the_length_asked(tiny_pair):
+    """What conftest.real_greedy relies on to serve every real-pair test from one decode per prompt."""
+    from specdec.loop.plain import plain_decode
+
+    long = plain_decode(tiny_pair, "Hello world", DecodeSettings(max_new_tokens=24)).ids
+    for n in (1, 7, 16):
+        assert plain_decode(tiny_pair, "Hello world", DecodeSettings(max_new_tokens=n)).ids == long[:n]

@@ -222,12 +222,12 @@ def test_auto_is_a_drafter_everywhere(no_eos, tiny_pair, capsys):
 
 
 @pytest.mark.slow
-def test_real_pair_greedy_hybrid_equals_plain_greedy(real_pair_fp32):
+def test_real_pair_greedy_hybrid_equals_plain_greedy(real_pair_fp32, real_greedy):
     """fp32 on a CPU: the embedded pair's hybrid rounds (copied, model and mixed) write plain greedy's text."""
     prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
               "def area_of_square(s):\n")
     s = DecodeSettings(max_new_tokens=24)
-    ref = plain_decode(real_pair_fp32, prompt, s).ids
+    ref = real_greedy(prompt, 24)
     dec = SpeculativeDecoder(real_pair_fp32, prompt, DecodeSettings(drafter="auto", gamma=6, max_new_tokens=24))
     rounds = list(dec)
     assert dec.generated_ids == ref, real_pair_fp32.tokenizer.decode(dec.generated_ids)

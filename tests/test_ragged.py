@@ -363,10 +363,10 @@ def test_bench_measures_the_loops_side_by_side(tiny_pair, one_thread):
 
 
 @pytest.mark.slow
-def test_real_pair_ragged_greedy_equals_batch1(real_pair_fp32):
+def test_real_pair_ragged_greedy_equals_batch1(real_pair_fp32, real_greedy):
     """The embedded pair in fp32: each row of a ragged batch equals that prompt's batch-1 greedy output."""
     prompts = ["def fibonacci(n):", "The history of the printing press begins",
                "import numpy as np\n\ndef moving_average(x, k):"]
     s = DecodeSettings(gamma=4, max_new_tokens=16)
-    refs = [plain_decode(real_pair_fp32, p, s).ids for p in prompts]
+    refs = [real_greedy(p, 16) for p in prompts]
     assert ragged_batch_decode(real_pair_fp32, prompts, s).ids == refs
