@@ -274,21 +274,23 @@ NEW_TOKENS = 12  # three rounds or more at every γ below; each token costs ~1 s
 @pytest.mark.slow
 def test_real_pair_greedy_equals_plain_greedy_for_every_drafter(real_pair_fp32, real_greedy):
     """fp32 (bf16 on CPU is not bit-exact between one-token and many-token passes): code, prose and a grounded
-    edit; every drafter, the gammas rotating over the prompts so each drafter meets several."""
+    edit; each drafter meets several prompts at rotating gammas. The draft-model drafter's real-pair greedy runs
+    are tests/test_real_pair.py's (γ 1, 8) and the batch, ragged, tree, mode and quantized-draft tests' (γ 4);
+    early-exit, the slowest here (~2 s a token on 2 CPU cores), meets the code and the grounded prompt."""
     from specdec.prompts import GROUNDED
 
     pair = real_pair_fp32
     prompts = [("def fibonacci(n):\n", False), ("The history of the printing press begins", False),
                (GROUNDED[0]["prompt"], True)]
-    gammas = {"model": (2, 4, 6), "ngram": (8, 3, 6), "early-exit": (2, 3, 4), "cross": (4, 2, 6)}
-    kept = {d: 0 for d in DRAFTERS}
+    gammas = {"ngram": (8, 3, 6), "early-exit": (2, None, 4), "cross": (4, 2, 6)}  # None: not on that prompt
+    kept = dict.fromkeys(gammas, 0)
     for i, (prompt, chat) in enumerate(prompts):
         ref = real_greedy(prompt, NEW_TOKENS, chat)
-        for drafter in DRAFTERS:
-            s = DecodeSettings(drafter=drafter, gamma=gammas[drafter][i], max_new_tokens=NEW_TOKENS, chat=chat)
+        for drafter, gamma in ((d, g[i]) for d, g in gammas.items() if g[i] is not None):
+            s = DecodeSettings(drafter=drafter, gamma=gamma, max_new_tokens=NEW_TOKENS, chat=chat)
             dec = SpeculativeDecoder(pair, prompt, s)
             rounds = list(dec)
             assert dec.generated_ids == ref, (drafter, prompt[:30], pair.tokenizer.decode(dec.generated_ids),
                                               pair.tokenizer.decode(ref))
             kept[drafter] += sum(r.kept for r in rounds)
-    assert kept["model"] > 0 and kept["ngram"] > 0 and kept["cross"] > 0, kept
+    assert kept["ngram"] > 0 and kept["cross"] > 0, kept
