@@ -262,7 +262,7 @@ def test_the_chi_square_catches_q_reported_from_another_draft(quant_no_eos, no_e
 
 
 REAL_PROMPT = "def fibonacci(n):"
-REAL_TOKENS = 24
+REAL_TOKENS = 16  # four rounds or more at γ 4
 
 
 @pytest.mark.slow
