@@ -269,12 +269,12 @@ def test_greedy_copied_trees_equal_plain_greedy_on_the_real_pair(real_pair_fp32,
     prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
               "def area_of_square(s):\n")
     s = DecodeSettings(max_new_tokens=24)
-    ref = real_greedy(prompt, 24)
+    ref = real_greedy(prompt, s.max_new_tokens)
     truth = real_pair_fp32.tokenizer.decode(ref)
     kept = 0
-    for settings, widths in ((DecodeSettings(max_new_tokens=24, drafter="ngram"), (4, 1, 1, 1, 1, 1)),
-                             (DecodeSettings(max_new_tokens=24, drafter="predicted",
-                                             prediction=truth.replace("s", "side", 1)), (3, 1, 1, 1))):
+    for settings, widths in ((dataclasses.replace(s, drafter="ngram"), (4, 1, 1, 1, 1, 1)),
+                             (dataclasses.replace(s, drafter="predicted", prediction=truth.replace("s", "side", 1)),
+                              (3, 1, 1, 1))):
         dec = _run(real_pair_fp32, prompt, settings, widths)
         assert dec.generated_ids == ref, (settings.drafter, real_pair_fp32.tokenizer.decode(dec.generated_ids), truth)
         kept += sum(r.verdict.n_accepted for r in dec.rounds)

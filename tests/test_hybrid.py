@@ -226,9 +226,9 @@ def test_real_pair_greedy_hybrid_equals_plain_greedy(real_pair_fp32, real_greedy
     """fp32 on a CPU: the embedded pair's hybrid rounds (copied, model and mixed) write plain greedy's text."""
     prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
               "def area_of_square(s):\n")
-    s = DecodeSettings(max_new_tokens=24)
-    ref = real_greedy(prompt, 24)
-    dec = SpeculativeDecoder(real_pair_fp32, prompt, DecodeSettings(drafter="auto", gamma=6, max_new_tokens=24))
+    s = DecodeSettings(drafter="auto", gamma=6, max_new_tokens=24)
+    ref = real_greedy(prompt, s.max_new_tokens)
+    dec = SpeculativeDecoder(real_pair_fp32, prompt, s)
     rounds = list(dec)
     assert dec.generated_ids == ref, real_pair_fp32.tokenizer.decode(dec.generated_ids)
     assert sum(r.kept for r in rounds) > 0 and {r.drafter for r in rounds} & {"ngram", "auto"}

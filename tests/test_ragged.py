@@ -368,5 +368,5 @@ def test_real_pair_ragged_greedy_equals_batch1(real_pair_fp32, real_greedy):
     prompts = ["def fibonacci(n):", "The history of the printing press begins",
                "import numpy as np\n\ndef moving_average(x, k):"]
     s = DecodeSettings(gamma=4, max_new_tokens=16)
-    refs = [real_greedy(p, 16) for p in prompts]
+    refs = [real_greedy(p, s.max_new_tokens) for p in prompts]
     assert ragged_batch_decode(real_pair_fp32, prompts, s).ids == refs

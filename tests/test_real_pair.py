@@ -20,7 +20,7 @@ from .test_engine import check_caches_hold_committed
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [  # code, prose, chat, twice; test_greedy_equals_target_generate gives each γ one of each
+PROMPTS = [  # two code, two prose, two chat prompts, in pairs: every other one is one of each kind
     ("def fibonacci(n):", False),
     ("import numpy as np\n\ndef moving_average(x, k):", False),
     ("The history of the printing press begins", False),

@@ -142,7 +142,7 @@ def test_greedy_trees_equal_plain_greedy_on_the_real_pair(real_pair_fp32, real_g
     """fp32 on a CPU: the embedded pair's tree rounds write plain greedy's text, token for token."""
     s = DecodeSettings(max_new_tokens=16)
     for prompt, widths in (("def fibonacci(n):", (3, 2, 1)), ("The history of the printing press begins", (2, 2))):
-        plain = real_greedy(prompt, 16)
+        plain = real_greedy(prompt, s.max_new_tokens)
         dec = TreeDecoder(real_pair_fp32, prompt, s, widths, "top-k")
         list(dec)
         assert dec.generated_ids == plain, (prompt, widths)
