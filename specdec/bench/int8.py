@@ -9,6 +9,7 @@ object for every contender. Interleaved per prompt (harness.run_interleaved, rot
 - int8       the same loop with the int8 draft, reduced head 65,536 ids
 - int8-32k   the int8 draft with a 32,768-id reduced head
 - int4       the loop with the int4 draft (groups of 32 weights), reduced head 65,536 ids
+- int4-all   every draft layer and the head in 4 bits, reduced head 65,536 ids
 
 Greedy by default (--modes picks others), on the code, prose, chat and grounded prompts (--kinds). Per kind and
 overall, for each speculative contender: alpha; c_loop = draft ms per guess / verify ms per round (and both parts);
@@ -36,18 +37,20 @@ from specdec.core.metrics import StepCosts
 from specdec.core.settings import DecodeSettings
 from specdec.loop.plain import measure_step_costs
 from specdec.models.pair import quantized_draft_pair
+from specdec.models.quant import QUANT_MODES
 
 INT8_OUT = "bench-results/int8.json"
 INT8_KINDS = "code,prose,chat,grounded"  # what --kinds means here when left at the bench's default
 HEAD_BIG, HEAD_SMALL = 65536, 32768
 
 
-def variants(pair, int8_pair, int4_pair, draft_vocab: int | None) -> list[tuple[str, object, int | None, str]]:
-    """(contender name, pair, draft head size, draft weights) of each speculative contender."""
+def variants(pair, quantized: dict, draft_vocab: int | None) -> list[tuple[str, object, int | None, str]]:
+    """(contender name, pair, draft head size, draft weights) of each speculative contender; `quantized`: the pair
+    with its draft quantized, per mode of QUANT_MODES."""
     return [("bf16", pair, draft_vocab if draft_vocab is not None else HEAD_BIG, str(pair.dtype).replace("torch.", "")),
-            ("int8", int8_pair, HEAD_BIG, "int8"),
-            ("int8-32k", int8_pair, HEAD_SMALL, "int8"),
-            ("int4", int4_pair, HEAD_BIG, "int4")]
+            ("int8", quantized["int8"], HEAD_BIG, "int8"),
+            ("int8-32k", quantized["int8"], HEAD_SMALL, "int8"),
+            *((mode, quantized[mode], HEAD_BIG, mode) for mode in QUANT_MODES if mode != "int8")]
 
 
 def loop_parts(samples: list[Sample]) -> dict:
@@ -96,11 +99,11 @@ def cmd_int8_bench(args, load) -> int:
         raise InvalidInputError("--int8-draft quantizes a copy of the pair's float draft itself; load the pair "
                                 "without --draft-quant (and not the default-int8 or default-int4 preset)")
     quantized = {}
-    for mode in ("int8", "int4"):
+    for mode in QUANT_MODES:
         t0 = time.perf_counter()
         quantized[mode] = quantized_draft_pair(pair, mode)  # InvalidInputError for float32 activations or a GPU
         log(f"quantized a copy of the draft to {mode} in {time.perf_counter() - t0:.1f} s")
-    specs = variants(pair, quantized["int8"], quantized["int4"], args.draft_vocab)
+    specs = variants(pair, quantized, args.draft_vocab)
 
     costs: dict[str, StepCosts] = {}
     for name, p, head, _ in specs:
@@ -139,8 +142,8 @@ def cmd_int8_bench(args, load) -> int:
     print("\n".join(table(COLUMNS, rows, rule=True)))
     print(f"(tok/s: median over {repeats} repeat(s) per prompt; speedup = tok/s / plain target tok/s; "
           f"{torch.get_num_threads()} torch threads)", file=sys.stdout)
-    result = {"models": pair.describe(), "int8_models": quantized["int8"].describe(),
-              "int4_models": quantized["int4"].describe(), "gamma": gamma,
+    result = {"models": pair.describe(), **{f"{mode}_models": p.describe() for mode, p in quantized.items()},
+              "gamma": gamma,
               "max_new_tokens": max_new, "repeats": repeats, "modes": modes, "kinds": kinds,
               "torch_threads": torch.get_num_threads(),
               "step_costs": {k: {"target_ms": c.target_ms, "draft_ms": c.draft_ms, "c_plain": c.c_plain}

@@ -30,7 +30,7 @@ class PairInfo:
     device: str = "cpu"
     dtype: str = "float32"
     vocab_size: int = 0
-    draft_quant: str = ""  # the draft's weight quantization ("int8", "int4"); "": none
+    draft_quant: str = ""  # the draft's weight quantization ("int8", "int4", "int4-all"); "": none
     engine: str = "eager"  # how chain passes ran (specdec.core.static_cache.ENGINES)
     prepacked: bool = False  # the linear layers ran on prepacked CPU kernels (specdec.models.prepack)
 

@@ -1,4 +1,4 @@
-"""Weight-only quantization of a draft model (int8 or int4), for CPU decoding with bf16 (or fp16) activations.
+"""Weight-only quantization of a draft model (int8, int4 or int4-all), for CPU decoding with bf16 (or fp16) activations.
 
 `quantize(model, mode)` swaps every `nn.Linear` of the decoder layers (attention q/k/v/o, MLP gate/up/down) and
 the output projection (lm_head) for a packed layer:
@@ -14,7 +14,12 @@ the output projection (lm_head) for a packed layer:
   against 0.688 and 0.836 for the bf16 draft); with the MLPs alone in 4 bits 0.677 and 0.831 (code 0.948 against
   0.958 either way), and with the range search (`quantize_groups`) acceptance matched the bf16 draft's in the
   loop: alpha within 0.011 on every kind of `bench --quant-draft`, at c_loop 0.14 against 0.34 (0.21 against 0.40
-  once the target's layers were prepacked and its verify pass got cheaper).
+  once the target's layers were prepacked and its verify pass got cheaper);
+- "int4-all": every decoder layer and the head as `Int4Linear`. The cheapest draft step (25 ms against 33 ms for
+  "int4" in plain decoding, c_loop 0.187 against 0.217 in one `bench --quant-draft` run), but the 4-bit attention
+  and head cost acceptance on prose (alpha 0.602 against 0.678 for "int4" and 0.667 for bf16; code, chat and
+  grounded text within 0.011), so it is an option, not a preset. Its range search over the 151,936-row head makes
+  quantizing take ~75 s instead of ~35 s.
 
 A one-token draft step is bound by reading weights, and the packed kernels read a half (int8) or a quarter
 (int4) of the bf16 bytes. On this project's 2-core CPU (AMD EPYC, AVX-512), for one row and a [4864, 896]
@@ -45,7 +50,7 @@ from torch import nn
 
 from specdec.core.errors import InvalidInputError
 
-QUANT_MODES = ("int8", "int4")  # what draft_quant may name ("" or "none": no quantization)
+QUANT_MODES = ("int8", "int4", "int4-all")  # what draft_quant may name ("" or "none": no quantization)
 PACKED_ACTIVATIONS = (torch.bfloat16, torch.float16)  # the activation dtypes the packed kernels are used with
 QMAX = 127  # int8: symmetric range -127..127 (-128 unused, so the scale maps max |w| to exactly 127)
 INT4_GROUP = 32  # int4: weights per (scale, offset) pair along a row
@@ -284,8 +289,11 @@ class Int4Linear(PackedLinear):
 
 
 def layer_kind(mode: str, attr: str) -> type[PackedLinear]:
-    """The packed layer a decoder linear layer named `attr` becomes under `mode` (the head is always int8)."""
-    return Int4Linear if mode == "int4" and attr in MLP_NAMES else Int8Linear
+    """The packed layer a decoder linear layer named `attr` (or "lm_head", the output projection) becomes under
+    `mode`: int4 everywhere for "int4-all", int4 MLPs beside int8 attention and head for "int4", else int8."""
+    if mode == "int4-all" or (mode == "int4" and attr in MLP_NAMES):
+        return Int4Linear
+    return Int8Linear
 
 
 def _decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
@@ -322,15 +330,17 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
     check_quant_support(dtype, first.device, mode)
     linears = [(parent, attr, linear, layer_kind(mode, attr)) for parent, attr, linear in _decoder_linears(model)]
     head = model.get_output_embeddings()
-    for *_, linear, kind in linears:  # refuse a width the int4 grouping cannot split before anything changes
-        if kind is Int4Linear:
+    head_kind = layer_kind(mode, "lm_head")
+    # refuse a width the int4 grouping cannot split before anything changes
+    for linear, kind in [(linear, kind) for *_, linear, kind in linears] + [(head, head_kind)]:
+        if kind is Int4Linear and isinstance(linear, nn.Linear):
             check_int4_width(linear.in_features)
     if first.dtype != dtype:
         model.to(dtype)
     for parent, attr, linear, kind in linears:
         setattr(parent, attr, kind.from_linear(linear, dtype))
     if isinstance(head, nn.Linear):
-        model.set_output_embeddings(Int8Linear.from_linear(head, dtype))
+        model.set_output_embeddings(head_kind.from_linear(head, dtype))
         if getattr(model.config, "tie_word_embeddings", False):
             model.config.tie_word_embeddings = False  # the packed head is its own copy now; nothing may re-tie it
     model._specdec_quant = mode
