@@ -10,13 +10,13 @@ Tokens per target pass are counted the same way for every contender: a forward p
 calls during the run (prefill included), so transformers' loops are measured by the same rule as ours.
 
 Contenders:
-- ours: the draft model at γ 4 (`model`), the same with its int8 and int4 drafts (`model_int8`, `model_int4`,
-  models.quant; bf16 pairs on a CPU), prompt lookup at γ 32 (`ngram`), the hybrid drafter at γ 4 (`auto`) and with
-  the int4 draft at γ 16 under the confidence policy at 0.6, the model leading each round (`auto_int4`: the model
-  drafts while its top guess has q >= 0.6, and a strong match after its guesses hands the rest of the 16 to a copy;
-  HybridDrafter's lead="model". In a first look over two prompts per kind the threshold 0.6 beat the default 0.4
-  and γ 32 on 6 of 8 prompts; the two leads measured alike, see drafters/hybrid.py) -- our speculative loop with
-  its display candidates, as the app runs it;
+- ours: the draft model at γ 4 (`model`), the same with its int8, int4 and int4-all drafts (`model_int8`,
+  `model_int4`, `model_int4all`, models.quant; bf16 pairs on a CPU), prompt lookup at γ 32 (`ngram`), the hybrid
+  drafter at γ 4 (`auto`) and with the int4 draft at γ 16 under the confidence policy at 0.6, the model leading each
+  round (`auto_int4`: the model drafts while its top guess has q >= 0.6, and a strong match after its guesses hands
+  the rest of the 16 to a copy; HybridDrafter's lead="model". In a first look over two prompts per kind the
+  threshold 0.6 beat the default 0.4 and γ 32 on 6 of 8 prompts; the two leads measured alike, see
+  drafters/hybrid.py) -- our speculative loop with its display candidates, as the app runs it;
 - our plain decoding (`plain`, no drafting): how much of a speedup is this engine's prepacked CPU kernels
   (models.prepack) rather than speculation; not counted among ours for the best-of columns;
 - transformers, as it ships (on F.linear, `prepack.plain_kernels`): plain `generate()` (the baseline), assisted
@@ -55,6 +55,7 @@ OURS = {"model": Ours("", {"drafter": "model", "gamma": 4}), "ngram": Ours("", {
         "auto": Ours("", {"drafter": "auto", "gamma": 4}),
         "model_int8": Ours("int8", {"drafter": "model", "gamma": 4}),
         "model_int4": Ours("int4", {"drafter": "model", "gamma": 4}),
+        "model_int4all": Ours("int4-all", {"drafter": "model", "gamma": 4}),
         "auto_int4": Ours("int4", {"drafter": "auto", "gamma": 16, "gamma_policy": "confidence",
                                    "confidence_threshold": 0.6}, hybrid_lead="model")}
 THEIRS = ("hf_assisted", "hf_assisted_g4", "hf_lookup")

@@ -71,7 +71,7 @@ class ModelPair:
     vocab_size: int = 0  # logits are sliced to this width so p and q index the same tokens
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     device_map: dict | None = None  # the target's accelerate placement (module -> device); None: one device
-    draft_quant: str = ""  # the draft's weight quantization ("int8", "int4", "int4-all": specdec.models.quant); "": none
+    draft_quant: str = ""  # the draft's weights ("int8", "int4", "int4-all": specdec.models.quant); "": as loaded
     # How chain passes run (specdec.core.static_cache.ENGINES): "eager", "static" or "compiled"; $SPECDEC_COMPILE
     # when the pair is built. A speed choice only: the three compute the same logits.
     engine: str = field(default_factory=resolve_engine)
@@ -501,9 +501,10 @@ def load_pair(
     stays loaded): models are used read-only (inference mode; caches live outside them), so every caller and
     every app session can share one copy. shared=False builds a private pair the cache never sees.
 
-    draft_quant ("int8", "int4", "int4-all"; None: the preset's own, see PAIR_DRAFT_QUANT; "" or "none": unquantized) quantizes the
-    draft's weights (specdec.models.quant). Both run on the CPU with bfloat16 or float16 activations ("auto"
-    picks bfloat16 on the CPU); any other dtype or device is an InvalidInputError, raised before loading.
+    draft_quant (a mode of QUANT_MODES: "int8", "int4", "int4-all"; None: the preset's own, see PAIR_DRAFT_QUANT;
+    "" or "none": unquantized) quantizes the draft's weights (specdec.models.quant). Every mode runs on the CPU with
+    bfloat16 or float16 activations ("auto" picks bfloat16 on the CPU); any other dtype or device is an
+    InvalidInputError, raised before loading.
 
     engine (None: $SPECDEC_COMPILE, else "eager"; see specdec.core.static_cache) is how chain passes run; the pair
     returned carries it (a copy of the shared pair when it differs, so other users keep theirs).
