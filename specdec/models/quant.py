@@ -1,4 +1,4 @@
-"""Weight-only quantization of a draft model (int8, int4 or int4-all), for CPU decoding with bf16 (or fp16) activations.
+"""Weight-only quantization of a draft model (int8, int4 or int4-all), for CPU decoding with bf16 or fp16 activations.
 
 `quantize(model, mode)` swaps every `nn.Linear` of the decoder layers (attention q/k/v/o, MLP gate/up/down) and
 the output projection (lm_head) for a packed layer:
@@ -331,9 +331,11 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
     linears = [(parent, attr, linear, layer_kind(mode, attr)) for parent, attr, linear in _decoder_linears(model)]
     head = model.get_output_embeddings()
     head_kind = layer_kind(mode, "lm_head")
-    # refuse a width the int4 grouping cannot split before anything changes
-    for linear, kind in [(linear, kind) for *_, linear, kind in linears] + [(head, head_kind)]:
-        if kind is Int4Linear and isinstance(linear, nn.Linear):
+    swaps = [(linear, kind) for *_, linear, kind in linears]
+    if isinstance(head, nn.Linear):
+        swaps.append((head, head_kind))
+    for linear, kind in swaps:  # refuse a width the int4 grouping cannot split before anything changes
+        if kind is Int4Linear:
             check_int4_width(linear.in_features)
     if first.dtype != dtype:
         model.to(dtype)
