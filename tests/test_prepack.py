@@ -50,8 +50,9 @@ def test_narrow_passes_use_the_packed_weight_and_plain_kernels_do_not():
     """Plant a packing of another weight: narrow passes show it, wide passes and plain_kernels() do not."""
     linear = nn.Linear(64, 80, bias=False).to(BF16)
     layer = PrepackedLinear.from_linear(linear)
-    layer.packed = PrepackedLinear(torch.zeros(80, 64, dtype=BF16)).packed
     narrow = torch.randn(3, 64).to(BF16)
+    assert layer.same_bits(3), "a 64 -> 80 layer's 3-row packed pass should match F.linear"
+    layer.packed = PrepackedLinear(torch.zeros(80, 64, dtype=BF16)).packed  # after the width's one check
     assert layer(narrow).abs().sum() == 0  # the packed kernel ran
     with plain_kernels():
         assert torch.equal(layer(narrow), linear(narrow))
@@ -78,6 +79,17 @@ def test_whole_model_logits_are_bit_identical_with_a_cache():
     for width in (1, 5, 17):
         ids = [(7 * width + i) % vocab for i in range(width)]
         close(a.feed(ids, n_logits=width), b.feed(ids, n_logits=width))
+
+
+def test_a_width_whose_packed_bits_differ_runs_on_linear():
+    """The once-per-(shape, width) check: a packing that gives other bits (here: planted before the first pass of
+    a shape no other test uses) is caught, and that width runs on F.linear."""
+    linear = nn.Linear(64, 88, bias=False).to(BF16)
+    layer = PrepackedLinear.from_linear(linear)
+    layer.packed = PrepackedLinear(torch.zeros(88, 64, dtype=BF16)).packed
+    narrow = torch.randn(4, 64).to(BF16)
+    assert not layer.same_bits(4)
+    assert torch.equal(layer(narrow), linear(narrow))
 
 
 def test_prepack_skips_float32_biased_and_packed_layers(monkeypatch):

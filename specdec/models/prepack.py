@@ -35,6 +35,7 @@ PREPACK_ROWS = 64  # passes over more rows than this use F.linear (compute-bound
 PREPACK_MIN_ROWS = 256  # select_rows packs a row subset of at least this many rows (fewer: plain weight rows)
 PREPACK_HINT = 1  # the batch size the weight is reordered for (a hint to oneDNN; every row count works)
 _PLAIN = ContextVar("specdec_plain_kernels", default=False)
+_SAME_BITS: dict[tuple[int, int, int, bool], bool] = {}  # (N, K, rows, bias) -> packed gave F.linear's bits
 
 
 def prepack_supported(dtype: torch.dtype, device) -> bool:
@@ -84,7 +85,24 @@ class PrepackedLinear(nn.Linear):
             return nn.functional.linear(x, self.weight, self.bias)
         if self.packed is None:
             self.packed = _pack(self.weight)
+        if not self.same_bits(rows):
+            return nn.functional.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [None], "")
+
+    def same_bits(self, rows: int) -> bool:
+        """Whether the packed kernel gives F.linear's bits for passes of `rows` rows of this layer's shape. oneDNN
+        and F.linear may pick different kernels (accumulation orders) for some widths on some CPUs: on a Xeon with
+        AMX, 2-, 33- and 64-row passes of the embedded target's shapes differed in the last bit while 1, 5 and 17
+        matched. So each (shape, width) is checked once, on a random input drawn from a private generator, and
+        a width whose bits differ runs on F.linear: prepacking never changes a number."""
+        key = (self.out_features, self.in_features, rows, self.bias is not None)
+        same = _SAME_BITS.get(key)
+        if same is None:
+            gen = torch.Generator().manual_seed(rows)
+            x = torch.randn(rows, self.in_features, generator=gen).to(self.weight.dtype)
+            packed = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+            same = _SAME_BITS[key] = bool(torch.equal(packed, nn.functional.linear(x, self.weight, self.bias)))
+        return same
 
     def select_rows(self, rows) -> "PrepackedLinear | torch.Tensor":
         """The output rows `rows` (a slice or an index tensor) as a layer of their own, for a reduced vocabulary
