@@ -18,8 +18,8 @@ from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.models.pair import load_pair
-from specdec.models.prepack import (PREPACK_MIN_ROWS, PREPACK_ROWS, PrepackedLinear, plain_kernels, prepack,
-                                    prepack_supported, prepacked)
+from specdec.models.prepack import (PREPACK_MIN_ROWS, PREPACK_ROWS, PrepackedLinear, cancelling_probe, kernels_agree,
+                                    plain_kernels, prepack, prepack_supported, prepacked)
 from specdec.models.quant import Int8Linear, quantize
 from specdec.models.tiny import tiny_models, tiny_tokenizer
 
@@ -32,18 +32,37 @@ def _tiny_bf16(seed: int = 0):
     return target.to(BF16).eval(), draft.to(BF16).eval()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 17, 33, PREPACK_ROWS, PREPACK_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 33, PREPACK_ROWS, PREPACK_ROWS + 1])
 @pytest.mark.parametrize("shape", [(1536, 1536), (8960, 1536), (1536, 8960)])
 def test_layer_is_bit_identical_to_linear_on_the_embedded_targets_shapes(rows, shape):
-    """The embedded target's bias-free projections (attention output, MLP up and down): nn.Linear's bits."""
+    """The embedded target's bias-free projections (attention output, MLP up and down), on a cancelling probe of
+    another seed than the layer's own check uses (any difference in summation order shows in most outputs) and on
+    a random input: nn.Linear's bits, whichever kernel this CPU's check picked for the width."""
     n, k = shape
-    bias = False
-    gen = torch.Generator().manual_seed(rows)
-    linear = nn.Linear(k, n, bias=bias).to(BF16)
+    weight, probe = cancelling_probe(n, k, rows, seed=1000 + rows)
+    linear = nn.Linear(k, n, bias=False).to(BF16)
+    linear.weight.data.copy_(weight)
     layer = PrepackedLinear.from_linear(linear)
     assert layer.weight is linear.weight  # shared, not copied
-    x = torch.randn(1, rows, k, generator=gen).to(BF16)
-    assert torch.equal(layer(x), linear(x))
+    x = torch.randn(1, rows, k, generator=torch.Generator().manual_seed(rows)).to(BF16)
+    for inp in (probe.unsqueeze(0), x):
+        assert torch.equal(layer(inp), linear(inp))
+
+
+def test_the_cancelling_probe_shows_a_change_of_summation_order_that_random_inputs_hide():
+    """Adding the same products in another order (columns reversed): most outputs of the probe change, while a
+    random input of the same shape changes in few or none -- why the per-width check uses the probe."""
+    weight, probe = cancelling_probe(256, 1536, 4, seed=7)
+    flip = torch.arange(1535, -1, -1)
+    changed = (nn.functional.linear(probe, weight) != nn.functional.linear(probe[:, flip], weight[:, flip]))
+    x = torch.randn(4, 1536, generator=torch.Generator().manual_seed(7)).to(BF16)
+    w = torch.randn(256, 1536, generator=torch.Generator().manual_seed(8)).to(BF16)
+    changed_random = nn.functional.linear(x, w) != nn.functional.linear(x[:, flip], w[:, flip])
+    assert changed.float().mean() > 0.3 > 10 * changed_random.float().mean()
+    assert torch.equal(nn.functional.linear(probe, weight), nn.functional.linear(probe, weight.clone()))
+    assert kernels_agree(256, 1536, 4, bias=False) == torch.equal(
+        torch.ops.mkldnn._linear_pointwise(probe, PrepackedLinear(weight).packed, None, "none", [None], ""),
+        nn.functional.linear(probe, weight))
 
 
 def test_narrow_passes_use_the_packed_weight_and_plain_kernels_do_not():

@@ -28,7 +28,7 @@ PROMPTS = [  # two code, two prose, two chat prompts, in pairs: every other one 
     ("Explain what a hash map is in two sentences.", True),
     ("Give three tips for writing clear commit messages.", True),
 ]
-NEW = 16
+NEW = 12
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +64,13 @@ def test_real_caches_after_rejections(real_pair_fp32):
 
 def test_cli_json_compare(real_pair_fp32, capsys):
     rc = cli_main(["generate", "--prompt", "def fibonacci(n):", "--temperature", "0", "--compare", "--json",
-                   "--max-new-tokens", "12", "--dtype", "float32", "--device", "cpu"])
+                   "--max-new-tokens", "8", "--dtype", "float32", "--device", "cpu"])
     assert rc == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
     final = lines[-1]
     for key in ("text", "tokens", "rounds", "acceptance_rate", "tokens_per_round", "baseline_text",
                 "baseline_tok_s", "speculative_tok_s", "speedup"):
         assert key in final
-    assert final["rounds"] == len(lines) - 1 and final["tokens"] == 12
+    assert final["rounds"] == len(lines) - 1 and final["tokens"] == 8
     assert final["text"] == final["baseline_text"]
     assert 0 <= final["acceptance_rate"] <= 1 and 1 <= final["tokens_per_round"] <= 5

@@ -5,8 +5,10 @@ reading weights. On this project's 2-core CPU (AMD EPYC, AVX-512 with bf16) torc
 [8960, 1536] weight at ~10-12 GB/s for 1-5 rows, while the same matmul through oneDNN with the weight reordered
 once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise`: what inductor's
 CPU weight prepacking calls) read it at ~21-27 GB/s -- and, for bias-free layers, gave the same bits as `F.linear`
-at every width tried (1 to 64 rows on the embedded target's shapes; `tests/test_prepack.py` checks layers, whole
-models and the real pair). Over more rows the matmul is compute-bound and packing gains nothing, so passes wider
+at every width tried (1 to 64 rows on the embedded target's shapes). That is a property of the CPU, not a promise:
+on a Xeon with AMX some widths add in another order, so each (shape, width) is checked once with a probe that shows
+any difference in order (`kernels_agree`), and a width that differs runs on `F.linear` (`tests/test_prepack.py`
+checks layers, whole models and the real pair). Over more rows the matmul is compute-bound and packing gains nothing, so passes wider
 than PREPACK_ROWS (a prompt's prefill) keep `F.linear`. On the embedded target (interleaved, median of 7, after a
 300-token prompt) a one-token step took 261 ms on F.linear and 234 ms prepacked (1.12x), a 5-token verify pass
 287 and 173 ms (1.66x), a 17-token pass 386 and 282 ms (1.37x), logits bit-identical each time.
@@ -36,6 +38,9 @@ PREPACK_MIN_ROWS = 256  # select_rows packs a row subset of at least this many r
 PREPACK_HINT = 1  # the batch size the weight is reordered for (a hint to oneDNN; every row count works)
 _PLAIN = ContextVar("specdec_plain_kernels", default=False)
 _SAME_BITS: dict[tuple[int, int, int, bool], bool] = {}  # (N, K, rows, bias) -> packed gave F.linear's bits
+PROBE_SCALE = 2.0 ** 20  # the cancelling weight entries: a running sum near it rounds to 1/8
+PROBE_PAIRS = 8  # cancelling column pairs per probe
+PROBE_BASE_ROWS = 256  # distinct random weight rows a probe tiles
 
 
 def prepack_supported(dtype: torch.dtype, device) -> bool:
@@ -59,6 +64,34 @@ def plain_kernels():
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PREPACK_HINT)
+
+
+def cancelling_probe(n: int, k: int, rows: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
+    """A weight [n, k] and an input [rows, k] whose products cancel in pairs of columns: column pair (i, j) holds
+    +-2^20 in the weight and equal values in the input, so each output's exact sum is unchanged, while a running
+    sum carries ~2^20 from one column of a pair to the other and rounds every product added meanwhile to ~1/8.
+    bf16 products are exact in fp32, so a kernel's output depends only on the order it adds them; two kernels
+    that add in different orders then differ in most outputs (~70% measured), two that add in the same order
+    agree in all. Random inputs expose the same differences in ~10^-4 of outputs (some widths in 2 of 10 draws).
+    The weight tiles PROBE_BASE_ROWS random rows: cheap to build for a 151,936-row head."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(min(n, PROBE_BASE_ROWS), k, generator=gen)
+    x = torch.randn(rows, k, generator=gen)
+    cols = torch.randperm(k, generator=gen)[: 2 * min(PROBE_PAIRS, k // 2)].view(2, -1)
+    x[:, cols[1]] = x[:, cols[0]]
+    sign = torch.randint(0, 2, (base.shape[0], 1), generator=gen).float() * 2 - 1
+    base[:, cols[0]], base[:, cols[1]] = PROBE_SCALE * sign, -PROBE_SCALE * sign
+    weight = base.to(dtype).repeat(-(-n // base.shape[0]), 1)[:n].contiguous()
+    return weight, x.to(dtype)
+
+
+def kernels_agree(n: int, k: int, rows: int, bias: bool, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the packed kernel and F.linear add a [rows, k] x [k, n] product in the same order (same bits),
+    tried on a `cancelling_probe` with a random bias when the layer has one."""
+    weight, x = cancelling_probe(n, k, rows, seed=rows, dtype=dtype)
+    b = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype) if bias else None
+    packed = torch.ops.mkldnn._linear_pointwise(x, _pack(weight), b, "none", [None], "")
+    return bool(torch.equal(packed, nn.functional.linear(x, weight, b)))
 
 
 class PrepackedLinear(nn.Linear):
@@ -90,18 +123,22 @@ class PrepackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [None], "")
 
     def same_bits(self, rows: int) -> bool:
-        """Whether the packed kernel gives F.linear's bits for passes of `rows` rows of this layer's shape. oneDNN
-        and F.linear may pick different kernels (accumulation orders) for some widths on some CPUs: on a Xeon with
-        AMX, 2-, 33- and 64-row passes of the embedded target's shapes differed in the last bit while 1, 5 and 17
-        matched. So each (shape, width) is checked once, on a random input drawn from a private generator, and
-        a width whose bits differ runs on F.linear: prepacking never changes a number."""
+        """Whether passes of `rows` rows through the packed weight give F.linear's bits. oneDNN and F.linear may
+        sum in different orders for some widths on some CPUs (on a Xeon with AMX: 33 and 64 rows on every shape of
+        the embedded target, 1, 2, 3 and 5 rows on its MLP down projection). Checked once per (shape, width):
+        `kernels_agree` on a probe that exposes any difference in summation order, then this layer's own packing
+        on a random input (a stale or wrong packing). A width that fails runs on F.linear: prepacking never
+        changes a number."""
         key = (self.out_features, self.in_features, rows, self.bias is not None)
         same = _SAME_BITS.get(key)
         if same is None:
-            gen = torch.Generator().manual_seed(rows)
-            x = torch.randn(rows, self.in_features, generator=gen).to(self.weight.dtype)
-            packed = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
-            same = _SAME_BITS[key] = bool(torch.equal(packed, nn.functional.linear(x, self.weight, self.bias)))
+            same = kernels_agree(*key, dtype=self.weight.dtype)
+            if same:
+                gen = torch.Generator().manual_seed(rows)
+                x = torch.randn(rows, self.in_features, generator=gen).to(self.weight.dtype)
+                packed = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+                same = bool(torch.equal(packed, nn.functional.linear(x, self.weight, self.bias)))
+            _SAME_BITS[key] = same
         return same
 
     def select_rows(self, rows) -> "PrepackedLinear | torch.Tensor":
@@ -125,8 +162,8 @@ def prepack(model: nn.Module) -> int:
     """Swap every bias-free nn.Linear of `model` (CPU, a PREPACK_DTYPES weight) for a PrepackedLinear, in place;
     returns how many were swapped. Layers already swapped or quantized (models.quant's packed layers) are left
     alone, and so are layers with a bias: for one row, torch adds the bias in another order than oneDNN's fused
-    bias (1-ulp differences in ~2 of 10^4 outputs of a [1536, 1536] projection), while bias-free layers gave the
-    same bits at every width from 1 to 64 rows. On Qwen2.5 that leaves out q/k/v, ~7% of a layer's weights."""
+    bias (1-ulp differences in ~2 of 10^4 outputs of a [1536, 1536] projection). On Qwen2.5 that leaves out q/k/v,
+    ~7% of a layer's weights."""
     swapped = 0
     for parent in list(model.modules()):
         for attr, child in list(parent.named_children()):
