@@ -321,8 +321,35 @@ def test_int8_bench_refuses_float32_and_runs_on_the_tiny_pair(tmp_path, capsys, 
     rows = {r["contender"]: r for r in doc["groups"]["all"]}
     assert set(rows) == {"bf16", "int8", "int8-32k", "int4", "int4-all"}
     for r in rows.values():
-        for key in ("alpha", "c_loop", "c_plain", "tokens_per_pass", "tok_s", "speedup", "same_as_plain"):
+        for key in ("alpha", "c_loop", "c_steady", "draft_ms_per_guess_steady", "c_plain", "tokens_per_pass", "tok_s",
+                    "speedup", "same_as_plain"):
             assert key in r
+
+
+def test_loop_parts_split_round_one_from_the_steady_state():
+    """Round one carries both prefills: the steady columns leave each run's first round out, the overall ones don't."""
+    from specdec.bench.harness import Sample
+    from specdec.bench.int8 import loop_parts
+    from specdec.core.events import Round
+
+    def rnd(index: int, gamma: int, draft_ms: float, verify_ms: float) -> Round:
+        return Round(index=index, position=0, gamma=gamma, draft_ids=[5] * gamma, draft_pieces=["x"] * gamma,
+                     q_draft=[1.0] * gamma, p_draft=[1.0] * gamma, accept_probs=[1.0] * gamma, uniforms=[0.0] * gamma,
+                     n_accepted=gamma, rejected_at=None, emitted_id=6, emitted_piece="y", is_bonus=True, emitted_p=1.0,
+                     q_top=[[] for _ in range(gamma)], p_top=[[] for _ in range(gamma + 1)], residual_top=None,
+                     committed_ids=[5] * (gamma + 1), committed_pieces=["x"] * (gamma + 1), draft_ms=draft_ms,
+                     verify_ms=verify_ms)
+
+    first = [rnd(0, 4, 400, 900), rnd(1, 4, 40, 100), rnd(2, 2, 20, 100)]
+    runs = [Sample("int4", "code", "greedy", "p", 15, 1.0, first),
+            Sample("int4", "code", "greedy", "q", 5, 1.0, [rnd(0, 4, 200, 500)])]
+    parts = loop_parts(runs)
+    assert parts["draft_ms_per_guess"] == pytest.approx(660 / 14)
+    assert parts["verify_ms_per_round"] == pytest.approx(1600 / 4)
+    assert parts["draft_ms_per_guess_steady"] == pytest.approx(10.0)
+    assert parts["verify_ms_per_round_steady"] == pytest.approx(100.0)
+    assert parts["c_steady"] == pytest.approx(0.1)
+    assert loop_parts(runs[1:])["c_steady"] is None and loop_parts(runs[1:])["draft_ms_per_guess_steady"] is None
 
 
 def test_the_app_opens_on_the_int4_draft_on_a_cpu_only(monkeypatch):

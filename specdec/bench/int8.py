@@ -12,7 +12,8 @@ object for every contender. Interleaved per prompt (harness.run_interleaved, rot
 - int4-all   every draft layer and the head in 4 bits, reduced head 65,536 ids
 
 Greedy by default (--modes picks others), on the code, prose, chat and grounded prompts (--kinds). Per kind and
-overall, for each speculative contender: alpha; c_loop = draft ms per guess / verify ms per round (and both parts);
+overall, for each speculative contender: alpha; c_loop = draft ms per guess / verify ms per round (and both parts),
+and c_steady, the same over every round after each run's first (round one's parts include both prefills);
 c_plain = draft ms / target ms per token of plain decoding (measured once per draft variant before the timed
 runs); tokens per target pass; tok/s; speedup over plain; and how many greedy runs wrote exactly the plain run's
 tokens (bfloat16 rounds a γ+1-token verify pass and a one-token plain step differently, so a few may not).
@@ -33,7 +34,7 @@ from specdec.bench.harness import (BENCH_KINDS, BENCH_MODES, Column, Contender, 
                                    median_tok_s, of, ratio, run_interleaved, spec_metrics, split_list, table,
                                    timed_plain, timed_spec, write_result)
 from specdec.core.errors import InvalidInputError
-from specdec.core.metrics import StepCosts
+from specdec.core.metrics import StepCosts, loop_cost_ratio
 from specdec.core.settings import DecodeSettings
 from specdec.loop.plain import measure_step_costs
 from specdec.models.pair import quantized_draft_pair
@@ -54,11 +55,18 @@ def variants(pair, quantized: dict, draft_vocab: int | None) -> list[tuple[str, 
 
 
 def loop_parts(samples: list[Sample]) -> dict:
-    """Draft ms per drafted guess and verify ms per round over the samples' rounds (c_loop's two halves)."""
-    rounds = [r for x in samples for r in x.rounds]
-    drafted = sum(r.gamma for r in rounds)
-    return {"draft_ms_per_guess": sum(r.draft_ms for r in rounds) / drafted if drafted else None,
-            "verify_ms_per_round": sum(r.verify_ms for r in rounds) / len(rounds) if rounds else None}
+    """c_loop's two halves over the samples' rounds: draft ms per drafted guess and verify ms per round, over all
+    rounds and over the steady state (every round after each run's first). Round one's draft time includes the
+    draft's prefill of the prompt, as its verify time includes the target's, so the steady columns are the per-step
+    costs of decoding and c_steady their ratio."""
+    def halves(rounds, suffix: str) -> dict:
+        drafted, n = sum(r.gamma for r in rounds), len(rounds)
+        draft_ms, verify_ms = sum(r.draft_ms for r in rounds), sum(r.verify_ms for r in rounds)
+        return {f"draft_ms_per_guess{suffix}": draft_ms / drafted if drafted else None,
+                f"verify_ms_per_round{suffix}": verify_ms / n if n else None,
+                **({"c_steady": loop_cost_ratio(draft_ms, drafted, verify_ms, n)} if suffix else {})}
+    return {**halves([r for x in samples for r in x.rounds], ""),
+            **halves([r for x in samples for r in x.rounds[1:]], "_steady")}
 
 
 def group_rows(samples: list[Sample], specs, costs: dict[str, StepCosts], same: dict[tuple, list[bool]]) -> list[dict]:
@@ -79,9 +87,12 @@ def group_rows(samples: list[Sample], specs, costs: dict[str, StepCosts], same: 
 
 
 COLUMNS = [Column("group", 16, "group", "{}", left=True), Column("draft", 9, "contender", "{}", left=True),
-           Column("head", 6, "head", "{:d}"), Column("alpha", 6, "alpha", "{:.3f}"), Column("c_loop", 6, "c_loop", "{:.3f}"),
+           Column("head", 6, "head", "{:d}"), Column("alpha", 6, "alpha", "{:.3f}"),
+           Column("c_loop", 6, "c_loop", "{:.3f}"),
            Column("c_plain", 7, "c_plain", "{:.3f}"), Column("ms/guess", 8, "draft_ms_per_guess", "{:.1f}"),
-           Column("ms/verify", 9, "verify_ms_per_round", "{:.1f}"), Column("tok/pass", 8, "tokens_per_pass"),
+           Column("ms/verify", 9, "verify_ms_per_round", "{:.1f}"), Column("c_steady", 8, "c_steady", "{:.3f}"),
+           Column("ms/g st", 7, "draft_ms_per_guess_steady", "{:.1f}"),
+           Column("ms/v st", 7, "verify_ms_per_round_steady", "{:.1f}"), Column("tok/pass", 8, "tokens_per_pass"),
            Column("tok/s", 6, "tok_s"), Column("plain", 6, "plain_tok_s"), Column("speedup", 7, "speedup"),
            Column("=plain", 6, "same_as_plain", "{}")]
 

@@ -8,8 +8,8 @@ CPU weight prepacking calls) read it at ~21-27 GB/s -- and, for bias-free layers
 at every width tried (1 to 64 rows on the embedded target's shapes). That is a property of the CPU, not a promise:
 on a Xeon with AMX some widths add in another order, so each (shape, width) is checked once with a probe that shows
 any difference in order (`kernels_agree`), and a width that differs runs on `F.linear` (`tests/test_prepack.py`
-checks layers, whole models and the real pair). Over more rows the matmul is compute-bound and packing gains nothing, so passes wider
-than PREPACK_ROWS (a prompt's prefill) keep `F.linear`. On the embedded target (interleaved, median of 7, after a
+checks layers, whole models and the real pair). Over more rows the matmul is compute-bound and packing gains
+nothing, so passes wider than PREPACK_ROWS (a prompt's prefill) keep `F.linear`. On the embedded target (interleaved, median of 7, after a
 300-token prompt) a one-token step took 261 ms on F.linear and 234 ms prepacked (1.12x), a 5-token verify pass
 287 and 173 ms (1.66x), a 17-token pass 386 and 282 ms (1.37x), logits bit-identical each time.
 
