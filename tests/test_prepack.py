@@ -19,7 +19,7 @@ from specdec.core.settings import DecodeSettings
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.models.pair import load_pair
 from specdec.models.prepack import (PREPACK_MIN_ROWS, PREPACK_ROWS, PrepackedLinear, cancelling_probe, kernels_agree,
-                                    plain_kernels, prepack, prepack_supported, prepacked)
+                                    packed_linear, plain_kernels, prepack, prepack_supported, prepacked)
 from specdec.models.quant import Int8Linear, quantize
 from specdec.models.tiny import tiny_models, tiny_tokenizer
 
@@ -61,8 +61,7 @@ def test_the_cancelling_probe_shows_a_change_of_summation_order_that_random_inpu
     assert changed.float().mean() > 0.3 > 10 * changed_random.float().mean()
     assert torch.equal(nn.functional.linear(probe, weight), nn.functional.linear(probe, weight.clone()))
     assert kernels_agree(256, 1536, 4, bias=False) == torch.equal(
-        torch.ops.mkldnn._linear_pointwise(probe, PrepackedLinear(weight).packed, None, "none", [None], ""),
-        nn.functional.linear(probe, weight))
+        packed_linear(probe, PrepackedLinear(weight).packed, None), nn.functional.linear(probe, weight))
 
 
 def test_narrow_passes_use_the_packed_weight_and_plain_kernels_do_not():

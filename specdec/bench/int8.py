@@ -34,7 +34,7 @@ from specdec.bench.harness import (BENCH_KINDS, BENCH_MODES, Column, Contender, 
                                    median_tok_s, of, ratio, run_interleaved, spec_metrics, split_list, table,
                                    timed_plain, timed_spec, write_result)
 from specdec.core.errors import InvalidInputError
-from specdec.core.metrics import StepCosts, loop_cost_ratio
+from specdec.core.metrics import StepCosts
 from specdec.core.settings import DecodeSettings
 from specdec.loop.plain import measure_step_costs
 from specdec.models.pair import quantized_draft_pair
@@ -61,12 +61,11 @@ def loop_parts(samples: list[Sample]) -> dict:
     costs of decoding and c_steady their ratio."""
     def halves(rounds, suffix: str) -> dict:
         drafted, n = sum(r.gamma for r in rounds), len(rounds)
-        draft_ms, verify_ms = sum(r.draft_ms for r in rounds), sum(r.verify_ms for r in rounds)
-        return {f"draft_ms_per_guess{suffix}": draft_ms / drafted if drafted else None,
-                f"verify_ms_per_round{suffix}": verify_ms / n if n else None,
-                **({"c_steady": loop_cost_ratio(draft_ms, drafted, verify_ms, n)} if suffix else {})}
-    return {**halves([r for x in samples for r in x.rounds], ""),
-            **halves([r for x in samples for r in x.rounds[1:]], "_steady")}
+        return {f"draft_ms_per_guess{suffix}": sum(r.draft_ms for r in rounds) / drafted if drafted else None,
+                f"verify_ms_per_round{suffix}": sum(r.verify_ms for r in rounds) / n if n else None}
+    parts = {**halves([r for x in samples for r in x.rounds], ""),
+             **halves([r for x in samples for r in x.rounds[1:]], "_steady")}
+    return {**parts, "c_steady": ratio(parts["draft_ms_per_guess_steady"], parts["verify_ms_per_round_steady"])}
 
 
 def group_rows(samples: list[Sample], specs, costs: dict[str, StepCosts], same: dict[tuple, list[bool]]) -> list[dict]:

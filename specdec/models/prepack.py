@@ -9,9 +9,10 @@ at every width tried (1 to 64 rows on the embedded target's shapes). That is a p
 on a Xeon with AMX some widths add in another order, so each (shape, width) is checked once with a probe that shows
 any difference in order (`kernels_agree`), and a width that differs runs on `F.linear` (`tests/test_prepack.py`
 checks layers, whole models and the real pair). Over more rows the matmul is compute-bound and packing gains
-nothing, so passes wider than PREPACK_ROWS (a prompt's prefill) keep `F.linear`. On the embedded target (interleaved, median of 7, after a
-300-token prompt) a one-token step took 261 ms on F.linear and 234 ms prepacked (1.12x), a 5-token verify pass
-287 and 173 ms (1.66x), a 17-token pass 386 and 282 ms (1.37x), logits bit-identical each time.
+nothing, so passes wider than PREPACK_ROWS (a prompt's prefill) keep `F.linear`. On the embedded target
+(interleaved, median of 7, after a 300-token prompt) a one-token step took 261 ms on F.linear and 234 ms prepacked
+(1.12x), a 5-token verify pass 287 and 173 ms (1.66x), a 17-token pass 386 and 282 ms (1.37x), logits
+bit-identical each time.
 
 `prepack(model)` swaps every bias-free `nn.Linear` of a CPU model in bfloat16 for a `PrepackedLinear` that keeps the
 original weight (shared, not copied: the output head may be tied to the input embeddings) beside its packed copy, so a
@@ -66,12 +67,17 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PREPACK_HINT)
 
 
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., k] times a `_pack`ed weight [n, k] (plus bias): oneDNN's product, the one prepacking runs."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+
 def cancelling_probe(n: int, k: int, rows: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
     """A weight [n, k] and an input [rows, k] whose products cancel in pairs of columns: column pair (i, j) holds
     +-2^20 in the weight and equal values in the input, so each output's exact sum is unchanged, while a running
     sum carries ~2^20 from one column of a pair to the other and rounds every product added meanwhile to ~1/8.
     bf16 products are exact in fp32, so a kernel's output depends only on the order it adds them; two kernels
-    that add in different orders then differ in most outputs (~70% measured), two that add in the same order
+    that add in different orders then differ in most outputs (36-80% measured), two that add in the same order
     agree in all. Random inputs expose the same differences in ~10^-4 of outputs (some widths in 2 of 10 draws).
     The weight tiles PROBE_BASE_ROWS random rows: cheap to build for a 151,936-row head."""
     gen = torch.Generator().manual_seed(seed)
@@ -90,8 +96,7 @@ def kernels_agree(n: int, k: int, rows: int, bias: bool, dtype: torch.dtype = to
     tried on a `cancelling_probe` with a random bias when the layer has one."""
     weight, x = cancelling_probe(n, k, rows, seed=rows, dtype=dtype)
     b = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype) if bias else None
-    packed = torch.ops.mkldnn._linear_pointwise(x, _pack(weight), b, "none", [None], "")
-    return bool(torch.equal(packed, nn.functional.linear(x, weight, b)))
+    return bool(torch.equal(packed_linear(x, _pack(weight), b), nn.functional.linear(x, weight, b)))
 
 
 class PrepackedLinear(nn.Linear):
@@ -120,7 +125,7 @@ class PrepackedLinear(nn.Linear):
             self.packed = _pack(self.weight)
         if not self.same_bits(rows):
             return nn.functional.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [None], "")
+        return packed_linear(x.contiguous(), self.packed, self.bias)
 
     def same_bits(self, rows: int) -> bool:
         """Whether passes of `rows` rows through the packed weight give F.linear's bits. oneDNN and F.linear may
@@ -136,8 +141,8 @@ class PrepackedLinear(nn.Linear):
             if same:
                 gen = torch.Generator().manual_seed(rows)
                 x = torch.randn(rows, self.in_features, generator=gen).to(self.weight.dtype)
-                packed = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
-                same = bool(torch.equal(packed, nn.functional.linear(x, self.weight, self.bias)))
+                same = bool(torch.equal(packed_linear(x, self.packed, self.bias),
+                                        nn.functional.linear(x, self.weight, self.bias)))
             _SAME_BITS[key] = same
         return same
 
