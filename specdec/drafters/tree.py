@@ -24,12 +24,12 @@ import torch
 
 from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.kvcache import CachedLM
+from specdec.core.settings import MAX_TREE_NODES
 from specdec.core.sampling import OneHot, SamplingConfig, cat_rows, dense, distribution, sample
 from specdec.core.stop import cut_at_stop
 from specdec.core.tree import ROOT, TokenTree
 
 TREE_MODES = ("top-k", "sampled", "distinct")
-MAX_TREE_NODES = 64
 
 
 def check_widths(widths, mode: str) -> list[int]:

@@ -32,7 +32,8 @@ from specdec.core.record import PairInfo, RunRecord
 from specdec.core.sampling import SamplingConfig
 from specdec.core.stop import StopReason
 from specdec.core.verify import kept_count
-from specdec.core.settings import DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, VERIFY_MODES, DecodeSettings
+from specdec.core.settings import (DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, MAX_TREE_NODES, VERIFY_MODES,
+                                   DecodeSettings)
 from specdec.core.tree_events import (BONUS, Q_KINDS, REPAIR, TREE_ACCEPTED, TREE_FATES, TREE_UNTRIED, TreeNodeView,
                                       TreeRoundEvent)
 
@@ -490,7 +491,6 @@ def _check_note(n, where: str) -> None:
         _strings(pieces, f"{where}.draft_pieces", len(pieces) if isinstance(pieces, list) else -1)
 
 
-MAX_TREE_NODES = 256  # nodes a trace's tree round may hold (the engine drafts at most 64)
 TREE_KEYS = tuple(f.name for f in fields(TreeRoundEvent))
 TREE_NODE_KEYS = tuple(f.name for f in fields(TreeNodeView))
 TREE_TRIED_KEYS = ("r", "accept_prob", "uniform")
