@@ -91,11 +91,45 @@ def test_write_result_writes_the_file_and_says_where(tmp_path, monkeypatch, caps
     assert h.write_result({"x": [1, 2]}, str(out), "ignored.json", note=" (3 s)") == out
     assert json.loads(out.read_text()) == {"x": [1, 2]}
     assert f"wrote {out} (3 s)" in capsys.readouterr().err
-    monkeypatch.chdir(tmp_path)  # --out left at the bench's default: the mode's own file
-    path = h.write_result({"y": 1}, h.BENCH_OUT, "bench-results/mode.json")
+    monkeypatch.chdir(tmp_path)  # no --out: the file given as the default
+    path = h.write_result({"y": 1}, None, "bench-results/mode.json")
     assert str(path) == "bench-results/mode.json" and json.loads((tmp_path / path).read_text()) == {"y": 1}
-    h.write_result({"z": 1}, h.BENCH_OUT)
+    h.write_result({"z": 1}, None)
     assert json.loads((tmp_path / h.BENCH_OUT).read_text()) == {"z": 1}
+
+
+def test_every_bench_mode_reads_its_defaults_from_the_one_table():
+    import argparse
+
+    from specdec.bench import defaults as d
+    from specdec.bench.cli import add_bench_args
+    from specdec.core.errors import InvalidInputError
+
+    ap = argparse.ArgumentParser()
+    add_bench_args(ap)
+    bare = ap.parse_args([])
+    assert (bare.kinds, bare.modes, bare.out, bare.max_new_tokens, bare.repeats) == (None, None, None, None, None)
+    run = d.resolve(bare, "engines")
+    assert (run.kinds, run.modes, run.max_new_tokens, run.repeats, run.out) == (
+        ["code", "prose"], ["greedy"], 48, 2, "bench-results/engines.json")
+    quick = d.resolve(ap.parse_args(["--quick", "--gamma", "auto"]), "quant-draft")
+    assert (quick.max_new_tokens, quick.repeats, quick.gamma, quick.fixed_gamma) == (20, 1, None, d.FIXED_GAMMA)
+    assert quick.out == "bench-results/quant-draft.json" and "grounded" in quick.kinds
+    given = d.resolve(ap.parse_args(["--kinds", "code,prose,chat", "--modes", "sampled", "--max-new-tokens", "7",
+                                     "--repeats", "5", "--gamma", "3", "--out", "x.json"]), "engines")
+    assert (given.kinds, given.modes, given.max_new_tokens, given.repeats, given.gamma, given.out) == (
+        ["code", "prose", "chat"], ["sampled"], 7, 5, 3, "x.json")  # an explicit value is kept, even the usual one
+    assert d.resolve(ap.parse_args(["--drafter", "ngram"]), "drafter").out == "bench-results/drafter-ngram.json"
+    assert d.resolve(bare, "suite").kinds == list(d.SUITE)
+    with pytest.raises(InvalidInputError, match="whole number or 'auto'"):
+        d.resolve(ap.parse_args(["--gamma", "four"]), "speed")
+    # Every mode the command dispatches has a row, and no mode module keeps defaults of its own.
+    import inspect
+
+    from specdec.bench import cli
+    assert set(d.BENCH_DEFAULTS) == {"speed", "drafter", "batch", "tree", "suite", "engines", "quant-draft",
+                                     "verify-modes", "predicted", "overhead"}
+    assert inspect.getsource(cli.cmd_bench).count("import cmd_") == len(d.BENCH_DEFAULTS)
 
 
 def test_sampling_modes():

@@ -305,16 +305,16 @@ def test_real_bf16_pair_greedy_with_the_app_default_int4_draft():
 # ---------------------------------------------------------------------------------------------- the bench
 
 
-def test_int8_bench_refuses_float32_and_runs_on_the_tiny_pair(tmp_path, capsys, one_thread):
+def test_quant_draft_bench_refuses_float32_and_runs_on_the_tiny_pair(tmp_path, capsys, one_thread):
     import json
 
     from specdec.cli import main as cli_main
 
-    base = ["bench", "--int8-draft", "--pair", "tiny", "--device", "cpu", "--kinds", "code", "--repeats", "1",
+    base = ["bench", "--quant-draft", "--pair", "tiny", "--device", "cpu", "--kinds", "code", "--repeats", "1",
             "--max-new-tokens", "4"]
     assert cli_main(base + ["--dtype", "float32", "--out", str(tmp_path / "x.json")]) == 2
     assert "bfloat16 or float16 activations" in capsys.readouterr().err
-    out = tmp_path / "int8.json"
+    out = tmp_path / "quant-draft.json"
     assert cli_main(base + ["--dtype", "bfloat16", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["int8_models"]["draft_quant"] == "int8" and doc["models"]["draft_quant"] == ""
@@ -329,7 +329,7 @@ def test_int8_bench_refuses_float32_and_runs_on_the_tiny_pair(tmp_path, capsys, 
 def test_loop_parts_split_round_one_from_the_steady_state():
     """Round one carries both prefills: the steady columns leave each run's first round out, the overall ones don't."""
     from specdec.bench.harness import Sample
-    from specdec.bench.int8 import loop_parts
+    from specdec.bench.harness import loop_parts
     from specdec.core.events import Round
 
     def rnd(index: int, gamma: int, draft_ms: float, verify_ms: float) -> Round:

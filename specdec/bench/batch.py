@@ -42,6 +42,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specdec.bench.defaults import resolve
 from specdec.bench.harness import (MODES, Column, Contender, fmt, interleaved, log, ratio, split_list, table,
                                    upper_median, warm_up, write_result)
 from specdec.core.clock import Stopwatch
@@ -55,7 +56,6 @@ from specdec.loop.ragged import RaggedLM, ragged_batch_decode
 from specdec.loop.schedule import BatchCosts, gamma_for_batch, gamma_table, line_fit, off_from, schedule_fn
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
-DEFAULT_OUT = "bench-results/batch.json"
 PREDICT_UP_TO = 64  # batch sizes the fitted cost model is evaluated at, to name a crossover past the sweep
 LOOPS = ("lockstep", "ragged", "scheduled")  # the speculative loops measured beside plain batched decoding
 LOOP_LABEL = {"plain": "plain", "lockstep": "lockstep", "ragged": "ragged", "scheduled": "ragged, scheduled γ"}
@@ -490,17 +490,15 @@ def crossover_sentence(cx: dict, batches: list[int]) -> str:
 def cmd_batch_bench(args, load) -> int:
     """`python -m specdec bench --batch 1,2,4,8,16`: the table on stdout, the JSON result in --out."""
     batches = parse_batches(args.batch)
-    modes = split_list(args.modes)
-    gamma = int(args.gamma) if str(args.gamma).isdigit() else 4
-    max_new = args.max_new_tokens or 16  # the full sweep, both modes, in well under 10 min on 2 CPU cores (bf16)
-    repeats = args.repeats or 1
+    run = resolve(args, "batch")
+    modes, gamma, max_new, repeats = run.modes, run.fixed_gamma, run.max_new_tokens, run.repeats
     loops = parse_loops(getattr(args, "loops", None) or ",".join(LOOPS))
     gamma_max = getattr(args, "gamma_max", None) or GAMMA_MAX
     pair = load()
     result = run_batches(pair, batches, modes, gamma, max_new, repeats, args.draft_vocab, log, loops=loops,
                          gamma_max=gamma_max)
     print(format_table(result))
-    write_result(result, args.out, DEFAULT_OUT, f" ({result['seconds']:.0f} s of measurement)")
+    write_result(result, run.out, note=f" ({result['seconds']:.0f} s of measurement)")
     return 0
 
 

@@ -1,26 +1,31 @@
-"""The `bench` command's flags and which mode runs: the only module of specdec.bench that knows every mode."""
+"""The `bench` command's flags and which mode runs: the only module of specdec.bench that knows every mode.
+
+Flags left out take the mode's own defaults, from the one table in specdec.bench.defaults."""
 
 from __future__ import annotations
 
 import argparse
 
-from specdec.bench.harness import BENCH_KINDS, BENCH_MODES, BENCH_OUT
+from specdec.bench.defaults import BENCH_KINDS, BENCH_MODES, BENCH_OUT
 
 
 def add_bench_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--quick", action="store_true", help="one prompt per kind, 20 tokens, 1 repeat (< 3 min on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="one prompt per kind, the mode's short token budget, 1 repeat (< 3 min "
+                    "on 2 cores)")
     ap.add_argument("--gamma", default="4", help="draft length, or 'auto' to compare adaptive policies")
-    ap.add_argument("--max-new-tokens", type=int, default=None)
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--modes", default=BENCH_MODES, help="comma list of greedy,sampled (temperature 0.7)")
-    ap.add_argument("--kinds", default=BENCH_KINDS)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="tokens per run (default: the mode's own)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per prompt (default: the mode's own)")
+    ap.add_argument("--modes", default=None, help=f"comma list of greedy,sampled (temperature 0.7); default "
+                    f"{BENCH_MODES}, greedy for --drafter, --suite, --engines and --quant-draft")
+    ap.add_argument("--kinds", default=None, help=f"comma list of prompt kinds; default {BENCH_KINDS}, or the mode's "
+                    "own (specdec/bench/defaults.py)")
     ap.add_argument("--sweep-gamma", default=None, help="e.g. 1..12: measured vs predicted speedup per gamma")
     ap.add_argument("--policy", default="fixed", choices=["fixed", "expected", "heuristic", "confidence"],
                     help="gamma policy of our loop (d) in the side-by-side table; (b) always uses a constant gamma")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="our loop's draft head: ids below N plus EOS and the text's own tokens; 0 = full "
                          "vocabulary; default: 65536 for large vocabularies")
-    ap.add_argument("--out", default=BENCH_OUT)
+    ap.add_argument("--out", default=None, help=f"the JSON result (default: {BENCH_OUT}, or the mode's own file)")
     ap.add_argument("--drafter", choices=["model", "ngram", "early-exit", "cross"], default=None,
                     help="one drafter against transformers' own equivalent, plain generate() and our plain decoding, "
                          "on the input-grounded prompts (specdec/bench/drafters.py)")
@@ -39,10 +44,10 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     "(model, ngram, auto) against transformers (assisted at its defaults and at γ 4, prompt lookup) "
                     "and plain generate(); --kinds picks kinds, --quick one prompt each (JSON to "
                     "bench-results/suite.json unless --out)")
-    ap.add_argument("--quant-draft", "--int8-draft", dest="int8_draft", action="store_true",
+    ap.add_argument("--quant-draft", action="store_true",
                     help="bf16 draft vs weight-only int8 (reduced head 65,536 and 32,768 ids) and int4 copies of it vs "
                          "plain target decoding, greedy, on code, prose, chat and grounded prompts (bf16 on the CPU; "
-                         "JSON to bench-results/int8.json unless --out)")
+                         "JSON to bench-results/quant-draft.json unless --out)")
     ap.add_argument("--verify-modes", action="store_true", help="pq, strict and block verification on the same "
                     "drafts at temperatures 0, 0.3, 0.7 and 1 (JSON to assets/verify_modes.json unless --out)")
     ap.add_argument("--engines", action="store_true", help="eager, static-cache and compiled engines side by side: "
@@ -68,8 +73,8 @@ def cmd_bench(args, load) -> int:
         from specdec.bench.suite import cmd_suite as cmd
     elif args.engines:  # eager vs static vs compiled
         from specdec.bench.engines import cmd_engines_bench as cmd
-    elif args.int8_draft:  # the int8 draft against the bf16 one
-        from specdec.bench.int8 import cmd_int8_bench as cmd
+    elif args.quant_draft:  # the int8 and int4 drafts against the bf16 one
+        from specdec.bench.quant_draft import cmd_quant_draft_bench as cmd
     elif args.verify_modes:  # the three verification rules on the same drafts
         from specdec.bench.verify_modes import cmd_verify_modes as cmd
     elif args.predicted:  # predicted output on its own edit tasks

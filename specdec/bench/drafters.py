@@ -13,9 +13,10 @@ from functools import partial
 
 import torch
 
-from specdec.bench.harness import (BENCH_KINDS, BENCH_MODES, Column, Contender, Sample, assistant_for, by_group,
-                                   compare, constant_gamma, jobs_for, loop_figures, of, run_interleaved, spec_metrics,
-                                   split_list, table, timed_generate, timed_plain, timed_spec, write_result)
+from specdec.bench.defaults import resolve
+from specdec.bench.harness import (Column, Contender, Sample, assistant_for, by_group, compare, constant_gamma,
+                                   jobs_for, loop_figures, of, run_interleaved, spec_metrics, table, timed_generate,
+                                   timed_plain, timed_spec, write_result)
 from specdec.core.errors import InvalidInputError
 from specdec.core.settings import DecodeSettings
 from specdec.drafters.early_exit import resolve_exit_layer
@@ -107,12 +108,9 @@ def print_table(drafter: str, gamma: int, groups: dict, out=None, equiv_gamma: i
 def cmd_drafter_bench(args, load) -> int:
     """`python -m specdec bench --drafter NAME`: the four contenders interleaved (rotating who goes first) on the
     grounded prompt set (or --kinds), greedy unless --modes says otherwise."""
-    kinds = ["grounded"] if args.kinds == BENCH_KINDS else split_list(args.kinds)
-    modes = ["greedy"] if args.modes == BENCH_MODES else split_list(args.modes)
-    max_new = args.max_new_tokens or (24 if args.quick else 64)
-    repeats = args.repeats or (1 if args.quick else 2)
-    gamma = 4 if args.gamma == "auto" else int(args.gamma)
-    jobs = jobs_for(drafter_prompts(kinds, args.quick), modes)
+    run = resolve(args, "drafter")
+    kinds, modes, max_new, repeats, gamma = run.kinds, run.modes, run.max_new_tokens, run.repeats, run.fixed_gamma
+    jobs = jobs_for(drafter_prompts(kinds, run.quick), modes)
     pair = load()
     cross = load_cross_draft(pair) if args.drafter == "cross" else None
     base = DecodeSettings(drafter=args.drafter, gamma=gamma, gamma_policy=args.policy, draft_vocab=args.draft_vocab,
@@ -127,5 +125,5 @@ def cmd_drafter_bench(args, load) -> int:
               "hf_equivalent": HF_EQUIVALENT[args.drafter], "max_new_tokens": max_new, "repeats": repeats,
               "torch_threads": torch.get_num_threads(), "groups": groups,
               "samples": [x.to_json(prompt_chars=60) for x in samples]}
-    write_result(result, args.out, f"bench-results/drafter-{args.drafter}.json")
+    write_result(result, run.out)
     return 0

@@ -21,16 +21,13 @@ from functools import partial
 import torch
 
 from specdec.bench.drafters import drafter_prompts
-from specdec.bench.harness import (BENCH_KINDS, BENCH_MODES, Column, Contender, jobs_for, log, median_tok_s, of,
-                                   ratio, run_interleaved, spec_metrics, split_list, table, timed_plain, timed_spec,
-                                   write_result)
-from specdec.bench.int8 import loop_parts
+from specdec.bench.defaults import resolve
+from specdec.bench.harness import (Column, Contender, jobs_for, log, loop_parts, median_tok_s, of, ratio,
+                                   run_interleaved, spec_metrics, table, timed_plain, timed_spec, write_result)
 from specdec.core.settings import DecodeSettings
 from specdec.core.settings import encode_prompt
 from specdec.core.static_cache import ENGINES, SLACK, precompile, slots_for
 
-ENGINES_OUT = "bench-results/engines.json"
-ENGINE_KINDS = "code,prose"
 
 
 def contenders_for(pair, engines, outputs: dict) -> list[Contender]:
@@ -80,13 +77,10 @@ COLUMNS = [Column("engine", 9, "engine", "{}", left=True), Column("plain", 6, "p
 
 
 def cmd_engines_bench(args, load) -> int:
-    kinds = split_list(ENGINE_KINDS if args.kinds == BENCH_KINDS else args.kinds)
-    modes = ["greedy"] if args.modes == BENCH_MODES else split_list(args.modes)
-    max_new = args.max_new_tokens or (24 if args.quick else 48)
-    repeats = args.repeats or (1 if args.quick else 2)
-    gamma = int(args.gamma) if str(args.gamma).isdigit() else 4
+    run = resolve(args, "engines")
+    kinds, modes, max_new, repeats, gamma = run.kinds, run.modes, run.max_new_tokens, run.repeats, run.fixed_gamma
     engines = list(ENGINES)
-    prompts = {k: rows[:1] if args.quick else rows[:2] for k, rows in drafter_prompts(kinds, False).items()}
+    prompts = {k: rows[:1] if run.quick else rows[:2] for k, rows in drafter_prompts(kinds, False).items()}
     jobs = jobs_for(prompts, modes)
     pair = load()
     base = DecodeSettings(max_new_tokens=max_new, gamma=gamma, draft_vocab=args.draft_vocab)
@@ -112,5 +106,5 @@ def cmd_engines_bench(args, load) -> int:
     result = {"models": pair.describe(), "gamma": gamma, "max_new_tokens": max_new, "repeats": repeats,
               "modes": modes, "kinds": kinds, "engines": engines, "torch_threads": torch.get_num_threads(),
               "rows": rows, "samples": [x.to_json(80) for x in samples]}
-    write_result(result, args.out, default=ENGINES_OUT)
+    write_result(result, run.out)
     return 0

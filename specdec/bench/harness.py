@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from specdec.bench.defaults import BENCH_OUT
 from specdec.core.clock import Stopwatch
 from specdec.core.events import Round
 from specdec.core.metrics import RunMetrics, StepCosts, summarize
@@ -31,9 +32,6 @@ from specdec.loop.decoder import SpeculativeDecoder
 from specdec.loop.plain import plain_decode
 from specdec.models.prepack import plain_kernels
 
-BENCH_OUT = "bench-results/bench.json"  # --out's default; a mode with its own file writes there instead
-BENCH_KINDS = "code,prose,chat"  # --kinds' default
-BENCH_MODES = "greedy,sampled"  # --modes' default
 MODES = {"greedy": SamplingConfig(), "sampled": SamplingConfig(temperature=0.7)}
 WARM_UP_TOKENS = 4
 # Our timed loop builds the display candidates as the app's would, so a comparison includes that work (its share is
@@ -322,10 +320,24 @@ def table(columns: list[Column], rows: list, rule: bool = False) -> list[str]:
     return [head, *(["-" * len(head)] if rule else []), *(" ".join(c.of(r) for c in columns) for r in rows)]
 
 
-def write_result(result: dict, out: str, default: str = BENCH_OUT, note: str = "") -> Path:
-    """Write the result as JSON to --out (or to the mode's own default file when --out was left at the bench's
-    default) and say where."""
-    path = Path(default if out == BENCH_OUT else out)
+def loop_parts(samples: list[Sample]) -> dict:
+    """c_loop's two halves over the samples' rounds: draft ms per drafted guess and verify ms per round, over all
+    rounds and over the steady state (every round after each run's first). Round one's draft time includes the
+    draft's prefill of the prompt, as its verify time includes the target's, so the steady columns are the per-step
+    costs of decoding and c_steady their ratio."""
+    def halves(rounds, suffix: str) -> dict:
+        drafted, n = sum(r.gamma for r in rounds), len(rounds)
+        return {f"draft_ms_per_guess{suffix}": sum(r.draft_ms for r in rounds) / drafted if drafted else None,
+                f"verify_ms_per_round{suffix}": sum(r.verify_ms for r in rounds) / n if n else None}
+    parts = {**halves([r for x in samples for r in x.rounds], ""),
+             **halves([r for x in samples for r in x.rounds[1:]], "_steady")}
+    return {**parts, "c_steady": ratio(parts["draft_ms_per_guess_steady"], parts["verify_ms_per_round_steady"])}
+
+
+def write_result(result: dict, out: str | None, default: str = BENCH_OUT, note: str = "") -> Path:
+    """Write the result as JSON to `out` (`defaults.resolve` fills in the mode's own file; None: `default`) and
+    say where."""
+    path = Path(out or default)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     log(f"wrote {path}{note}")

@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from specdec.bench.harness import log, sampling_for, split_list, timed_spec, warm_up, write_result
+from specdec.bench.defaults import resolve
+from specdec.bench.harness import log, sampling_for, timed_spec, warm_up, write_result
 from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
 from specdec.core.sampling import SamplingConfig
@@ -267,15 +268,13 @@ def format_table(result: dict) -> str:
 
 def cmd_overhead(args, load) -> int:
     """`python -m specdec bench --overhead`: the per-round overhead budget of our loop on the loaded pair."""
-    try:
-        gamma = int(args.gamma)
-    except ValueError:
-        raise InvalidInputError(f"--overhead needs a fixed --gamma, got {args.gamma!r}") from None
-    max_new = args.max_new_tokens or (24 if args.quick else 48)
-    modes = split_list(args.modes)
+    run = resolve(args, "overhead")
+    if run.gamma is None:
+        raise InvalidInputError(f"--overhead needs a fixed --gamma, got {args.gamma!r}")
+    gamma, max_new, modes = run.gamma, run.max_new_tokens, run.modes
     pair = load()
     result = {"models": pair.describe(), "torch_threads": torch.get_num_threads(), "modes": {}}
-    prompts = PROMPTS[:1] if args.quick else PROMPTS
+    prompts = PROMPTS[:1] if run.quick else PROMPTS
     for mode in modes:
         sampling = sampling_for(mode)
         log(f"overhead, {mode}, gamma={gamma}, {max_new} tokens x {len(prompts)} prompts")
@@ -284,5 +283,5 @@ def cmd_overhead(args, load) -> int:
         print(f"\n== {pair.name} ({pair.describe()['dtype']}, {pair.device}), {mode}, gamma={gamma}: "
               f"{r['rounds']} rounds")
         print(format_table(r))
-    write_result(result, args.out, "bench-results/overhead.json")
+    write_result(result, run.out)
     return 0

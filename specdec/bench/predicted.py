@@ -20,13 +20,13 @@ from functools import partial
 
 import torch
 
+from specdec.bench.defaults import resolve
 from specdec.bench.harness import (Column, Contender, Timed, interleaved, log, ratio, table, timed_plain, timed_spec,
                                    upper_median, warm_up, write_result)
 from specdec.core.errors import InvalidInputError
 from specdec.core.metrics import summarize
 from specdec.core.settings import DecodeSettings, encode_prompt
 
-DEFAULT_OUT = "bench-results/predicted.json"
 MIN_COVERAGE = 0.8
 CONTENDERS = ("plain", "ngram", "predicted")
 
@@ -154,14 +154,13 @@ COLUMNS = [Column("task", 18, "task", "{}", left=True), Column("cover", 5, "cove
 
 
 def cmd_predicted_bench(args, load) -> int:
-    if not str(args.gamma).isdigit():
+    run = resolve(args, "predicted")
+    if run.gamma is None:
         raise InvalidInputError(f"--predicted takes a fixed --gamma (a whole number), got {args.gamma!r}")
-    gamma = int(args.gamma)
     # 128 tokens lets each edited text end by itself (EOS); one repeat keeps a full run near 4 minutes on 2 cores
     # (the plain runs dominate): pass --repeats 3 on a quiet machine for medians.
-    max_new = args.max_new_tokens or (48 if args.quick else 128)
-    repeats = args.repeats or 1
-    tasks = TASKS[:1] if args.quick else TASKS
+    gamma, max_new, repeats = run.gamma, run.max_new_tokens, run.repeats
+    tasks = TASKS[:1] if run.quick else TASKS
     pair = load()
     warm_up(task_contenders(pair, tasks[0][2]), [{"role": "user", "content": tasks[0][1]}],
             DecodeSettings(chat=True, gamma=gamma))
@@ -184,5 +183,5 @@ def cmd_predicted_bench(args, load) -> int:
             print(f"{label}: tokens/pass ngram {p['ngram']['tokens_per_pass']:.2f}, predicted "
                   f"{p['predicted']['tokens_per_pass']:.2f}; speedup predicted/plain {p['predicted/plain']:.2f}x, "
                   f"predicted/ngram {p['predicted/ngram']:.2f}x, ngram/plain {p['ngram/plain']:.2f}x")
-    write_result(result, args.out, DEFAULT_OUT)
+    write_result(result, run.out)
     return 0

@@ -1,4 +1,4 @@
-"""The int8 and int4 drafts against the bf16 draft: `python -m specdec bench --quant-draft` (or --int8-draft).
+"""The quantized drafts (int8, int4) against the bf16 draft: `python -m specdec bench --quant-draft`.
 
 On one loaded pair (bfloat16 or float16 on the CPU; the embedded default pair unless --pair says otherwise) the
 draft is copied and quantized to weight-only int8 and to int4 (specdec.models.quant); the target is the same
@@ -17,7 +17,7 @@ and c_steady, the same over every round after each run's first (round one's part
 c_plain = draft ms / target ms per token of plain decoding (measured once per draft variant before the timed
 runs); tokens per target pass; tok/s; speedup over plain; and how many greedy runs wrote exactly the plain run's
 tokens (bfloat16 rounds a γ+1-token verify pass and a one-token plain step differently, so a few may not).
-Table on stdout, JSON to bench-results/int8.json (or --out).
+Table on stdout, JSON to bench-results/quant-draft.json (or --out).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from functools import partial
 import torch
 
 from specdec.bench.drafters import drafter_prompts
-from specdec.bench.harness import (BENCH_KINDS, BENCH_MODES, Column, Contender, Sample, by_group, jobs_for, log,
-                                   median_tok_s, of, ratio, run_interleaved, spec_metrics, split_list, table,
-                                   timed_plain, timed_spec, write_result)
+from specdec.bench.defaults import resolve
+from specdec.bench.harness import (Column, Contender, Sample, by_group, jobs_for, log, loop_parts, median_tok_s, of,
+                                   ratio, run_interleaved, spec_metrics, table, timed_plain, timed_spec, write_result)
 from specdec.core.errors import InvalidInputError
 from specdec.core.metrics import StepCosts
 from specdec.core.settings import DecodeSettings
@@ -40,8 +40,6 @@ from specdec.loop.plain import measure_step_costs
 from specdec.models.pair import quantized_draft_pair
 from specdec.models.quant import QUANT_MODES
 
-INT8_OUT = "bench-results/int8.json"
-INT8_KINDS = "code,prose,chat,grounded"  # what --kinds means here when left at the bench's default
 HEAD_BIG, HEAD_SMALL = 65536, 32768
 
 
@@ -52,20 +50,6 @@ def variants(pair, quantized: dict, draft_vocab: int | None) -> list[tuple[str, 
             ("int8", quantized["int8"], HEAD_BIG, "int8"),
             ("int8-32k", quantized["int8"], HEAD_SMALL, "int8"),
             *((mode, quantized[mode], HEAD_BIG, mode) for mode in QUANT_MODES if mode != "int8")]
-
-
-def loop_parts(samples: list[Sample]) -> dict:
-    """c_loop's two halves over the samples' rounds: draft ms per drafted guess and verify ms per round, over all
-    rounds and over the steady state (every round after each run's first). Round one's draft time includes the
-    draft's prefill of the prompt, as its verify time includes the target's, so the steady columns are the per-step
-    costs of decoding and c_steady their ratio."""
-    def halves(rounds, suffix: str) -> dict:
-        drafted, n = sum(r.gamma for r in rounds), len(rounds)
-        return {f"draft_ms_per_guess{suffix}": sum(r.draft_ms for r in rounds) / drafted if drafted else None,
-                f"verify_ms_per_round{suffix}": sum(r.verify_ms for r in rounds) / n if n else None}
-    parts = {**halves([r for x in samples for r in x.rounds], ""),
-             **halves([r for x in samples for r in x.rounds[1:]], "_steady")}
-    return {**parts, "c_steady": ratio(parts["draft_ms_per_guess_steady"], parts["verify_ms_per_round_steady"])}
 
 
 def group_rows(samples: list[Sample], specs, costs: dict[str, StepCosts], same: dict[tuple, list[bool]]) -> list[dict]:
@@ -96,17 +80,14 @@ COLUMNS = [Column("group", 16, "group", "{}", left=True), Column("draft", 9, "co
            Column("=plain", 6, "same_as_plain", "{}")]
 
 
-def cmd_int8_bench(args, load) -> int:
-    kinds = split_list(INT8_KINDS if args.kinds == BENCH_KINDS else args.kinds)
-    modes = ["greedy"] if args.modes == BENCH_MODES else split_list(args.modes)
-    max_new = args.max_new_tokens or (20 if args.quick else 64)
-    repeats = args.repeats or (1 if args.quick else 3)
-    gamma = int(args.gamma) if str(args.gamma).isdigit() else 4
-    prompts = {k: rows[:1] if args.quick else rows for k, rows in drafter_prompts(kinds, False).items()}
+def cmd_quant_draft_bench(args, load) -> int:
+    run = resolve(args, "quant-draft")
+    kinds, modes, max_new, repeats, gamma = run.kinds, run.modes, run.max_new_tokens, run.repeats, run.fixed_gamma
+    prompts = {k: rows[:1] if run.quick else rows for k, rows in drafter_prompts(kinds, False).items()}
     jobs = jobs_for(prompts, modes)
     pair = load()
     if pair.draft_quant:
-        raise InvalidInputError("--int8-draft quantizes a copy of the pair's float draft itself; load the pair "
+        raise InvalidInputError("--quant-draft quantizes a copy of the pair's float draft itself; load the pair "
                                 "without --draft-quant (and not the default-int8 or default-int4 preset)")
     quantized = {}
     for mode in QUANT_MODES:
@@ -117,7 +98,7 @@ def cmd_int8_bench(args, load) -> int:
 
     costs: dict[str, StepCosts] = {}
     for name, p, head, _ in specs:
-        costs[name] = measure_step_costs(p, n_tokens=8 if args.quick else 16, draft_vocab=head)
+        costs[name] = measure_step_costs(p, n_tokens=8 if run.quick else 16, draft_vocab=head)
         log(f"step cost {name:9s} (head {head}): target {costs[name].target_ms:.1f} ms/token, draft "
             f"{costs[name].draft_ms:.1f} ms/token, c_plain = {costs[name].c_plain:.3f}")
 
@@ -160,5 +141,5 @@ def cmd_int8_bench(args, load) -> int:
                              for k, c in costs.items()},
               "contenders": [{"name": n, "draft": w, "head": h} for n, _, h, w in specs],
               "groups": groups, "samples": [x.to_json(80) for x in samples]}
-    write_result(result, args.out, default=INT8_OUT)
+    write_result(result, run.out)
     return 0

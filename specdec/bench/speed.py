@@ -14,9 +14,10 @@ from typing import Callable
 
 import torch
 
+from specdec.bench.defaults import resolve
 from specdec.bench.harness import (Column, Contender, Job, Sample, assistant_for, by_group, compare, jobs_for, log,
-                                   loop_figures, of, pooled_tok_s, run_interleaved, spec_metrics, split_list,
-                                   table, timed_generate, timed_plain, timed_spec, write_result)
+                                   loop_figures, of, pooled_tok_s, run_interleaved, spec_metrics, table,
+                                   timed_generate, timed_plain, timed_spec, write_result)
 from specdec.core.metrics import StepCosts
 from specdec.core.settings import DecodeSettings
 from specdec.loop.plain import measure_step_costs
@@ -134,9 +135,8 @@ def side_by_side(pair, jobs: list[Job], base: DecodeSettings, repeats: int, cost
 def cmd_speed(args, load, extra: Callable[[list[Sample], StepCosts], dict] | None = None) -> int:
     """`load()` returns the pair the command line asked for (the CLI owns model arguments). `extra(samples, costs)`
     adds entries to the side-by-side result (scripts/render_overhead.py adds "render")."""
-    kinds, modes = split_list(args.kinds), split_list(args.modes)
-    max_new = args.max_new_tokens or (20 if args.quick else 64)
-    repeats = args.repeats or (1 if args.quick else 3)
+    run = resolve(args, "speed")
+    kinds, modes, max_new, repeats = run.kinds, run.modes, run.max_new_tokens, run.repeats
     jobs = jobs_for({k: [(p, k == "chat") for p in (PROMPTS[k][:1] if args.quick else PROMPTS[k])] for k in kinds},
                     modes)
     dv = args.draft_vocab
@@ -162,5 +162,5 @@ def cmd_speed(args, load, extra: Callable[[list[Sample], StepCosts], dict] | Non
             print(RENDER_NOTE)
         else:
             result.update(extra(samples, costs))
-    write_result(result, args.out)
+    write_result(result, run.out)
     return 0

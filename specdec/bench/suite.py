@@ -34,12 +34,12 @@ from typing import NamedTuple
 
 import torch
 
+from specdec.bench.defaults import resolve
 from specdec.bench.harness import (Column, Contender, Job, assistant_for, interleaved, log, middle, ratio, table,
                                    timed_generate, timed_plain, timed_spec, warm_up, write_result)
 from specdec.core.settings import DRAFTERS, DecodeSettings
 from specdec.prompts import SUITE
 
-DEFAULT_OUT = "bench-results/suite.json"
 
 
 class Ours(NamedTuple):
@@ -194,21 +194,22 @@ def quantized_pairs(pair, modes) -> dict:
 def cmd_suite(args, load) -> int:
     pair = load()
     ours = [n for n, cfg in OURS.items() if cfg.settings["drafter"] in DRAFTERS]
-    kinds = list(SUITE) if args.kinds in (None, "", "code,prose,chat") else [k for k in args.kinds.split(",") if k]
+    run = resolve(args, "suite")
+    kinds = run.kinds
     unknown = [k for k in kinds if k not in SUITE]
     if unknown:
         log(f"unknown suite kinds {unknown}; choose from {', '.join(SUITE)}")
         return 2
-    per_kind = 1 if args.quick else (args.per_kind or None)
+    per_kind = 1 if run.quick else (args.per_kind or None)
     jobs = [Job(k, "greedy", p, True) for k in kinds for p in SUITE[k][:per_kind]]
     field = contenders(pair, ours, quantized_pairs(pair, sorted({OURS[n].quant for n in ours} - {""})))
-    base = DecodeSettings(max_new_tokens=args.max_new_tokens or (24 if args.quick else 56), chat=True)
-    samples = run_suite(pair, jobs, field, args.repeats or 1, base)
+    base = DecodeSettings(max_new_tokens=run.max_new_tokens, chat=True)
+    samples = run_suite(pair, jobs, field, run.repeats, base)
     names = [c.name for c in field]
     result_kinds = {k: summarize_kind([x for x in samples if x.kind == k], names) for k in kinds}
     print_table(result_kinds, names)
     write_result({"models": pair.describe(), "contenders": names, "kinds": result_kinds,
                   "max_new_tokens": base.max_new_tokens, "torch_threads": torch.get_num_threads(),
                   "samples": [{**asdict(x), "prompt": x.prompt[:60]} for x in samples]},
-                 args.out, DEFAULT_OUT)
+                 run.out)
     return 0

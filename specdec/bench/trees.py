@@ -16,14 +16,13 @@ from functools import partial
 import torch
 
 from specdec.bench.drafters import drafter_prompts
-from specdec.bench.harness import (BENCH_MODES, Column, Contender, Timed, assistant_for, by_group, jobs_for,
-                                   median_tok_s, of, ratio, run_interleaved, split_list, table, timed_generate,
-                                   timed_plain, timed_spec, write_result)
+from specdec.bench.defaults import resolve
+from specdec.bench.harness import (Column, Contender, Timed, assistant_for, by_group, jobs_for, median_tok_s, of,
+                                   ratio, run_interleaved, table, timed_generate, timed_plain, timed_spec,
+                                   write_result)
 from specdec.core.clock import Stopwatch
 from specdec.loop.tree import TreeDecoder
 
-DEFAULT_OUT = "bench-results/trees.json"
-KINDS = "code,prose,chat,grounded"
 MODEL_TREES = {"model_tree_321": (3, 2, 1), "model_tree_2111": (2, 1, 1, 1)}
 NGRAM_TREE = (4,) + (1,) * 11  # up to four branches of twelve copied tokens (at most 48 nodes)
 
@@ -82,15 +81,15 @@ def print_table(groups: dict, names: list[str], out=None) -> None:
 
 
 def cmd_tree_bench(args, load) -> int:
-    kinds = split_list(KINDS if args.kinds == "code,prose,chat" else args.kinds)
-    modes = split_list(args.modes or BENCH_MODES)
-    jobs = jobs_for(drafter_prompts(kinds, args.quick), modes)
+    run = resolve(args, "tree")
+    kinds, modes = run.kinds, run.modes
+    jobs = jobs_for(drafter_prompts(kinds, run.quick), modes)
     pair = load()
     field = contenders(pair)
     from specdec.core.settings import DecodeSettings
 
-    base = DecodeSettings(max_new_tokens=args.max_new_tokens or (20 if args.quick else 48))
-    samples = run_interleaved(jobs, field, args.repeats or 1, base)
+    base = DecodeSettings(max_new_tokens=run.max_new_tokens)
+    samples = run_interleaved(jobs, field, run.repeats, base)
     names = [c.name for c in field]
     groups = {g: summarize(xs, names) for g, xs in by_group(samples, modes, kinds).items() if xs}
     groups["all"] = summarize(samples, names)
@@ -98,5 +97,5 @@ def cmd_tree_bench(args, load) -> int:
     write_result({"models": pair.describe(), "model_trees": {k: list(v) for k, v in MODEL_TREES.items()},
                   "ngram_tree": list(NGRAM_TREE), "max_new_tokens": base.max_new_tokens,
                   "torch_threads": torch.get_num_threads(), "groups": groups,
-                  "samples": [x.to_json(prompt_chars=60) for x in samples]}, args.out, DEFAULT_OUT)
+                  "samples": [x.to_json(prompt_chars=60) for x in samples]}, run.out)
     return 0

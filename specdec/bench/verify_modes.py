@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specdec.bench.harness import BENCH_OUT
+from specdec.bench.defaults import VERIFY_MODES_ASSET, resolve
 from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import VERIFY_MODES, DecodeSettings
 from specdec.loop.decoder import SpeculativeDecoder
@@ -25,7 +25,7 @@ from specdec.loop.decoder import SpeculativeDecoder
 TEMPERATURES = (0.0, 0.3, 0.7, 1.0)
 PROMPTS = ("def fibonacci(n):\n    ", "The history of the printing press begins",
            "Q: What is the capital of France?\nA:")
-DEFAULT_OUT = str(Path(__file__).resolve().parents[2] / "assets" / "verify_modes.json")  # what the Learn tab reads
+DEFAULT_OUT = VERIFY_MODES_ASSET  # what the Learn tab reads
 
 
 @dataclass
@@ -81,9 +81,10 @@ def load(path: str | Path = DEFAULT_OUT) -> tuple[str, list[ModePoint]] | None:
 
 
 def cmd_verify_modes(args, load_pair) -> int:
+    run = resolve(args, "verify-modes")
     pair = load_pair()
-    points = measure(pair, max_new_tokens=args.max_new_tokens or 32)
-    out = DEFAULT_OUT if args.out == BENCH_OUT else args.out
+    points = measure(pair, max_new_tokens=run.max_new_tokens)
+    out = run.out
     info = pair.describe()
     Path(out).write_text(to_json(points, f"{info['target']} + {info['draft']} ({info['dtype']})"), encoding="utf-8")
     print(f"{'T':>4} {'rule':>7} {'kept/drafted':>13} {'tokens/pass':>12} {'rounds':>7}")
