@@ -39,9 +39,18 @@ def _c_words(m: RunMetrics) -> str:
     return "no cost ratio measured yet"
 
 
-def render_stats(m: RunMetrics | None) -> str:
+def baseline_words(steps: int) -> str:
+    """How the plain cost under the measured speedup was timed (RunRecord.baseline_steps)."""
+    if steps:
+        return (f"plain target cost: the median of {steps} plain decoding step{'s' if steps > 1 else ''} timed "
+                "between this run's rounds, under the same load")
+    return "plain target cost: timed when the model pair loaded"
+
+
+def render_stats(m: RunMetrics | None, baseline_steps: int = 0) -> str:
     """Acceptance, tokens per round, tok/s, passes saved, measured and predicted speedup, from a run's metrics
-    (RunRecord.metrics); every number is computed in specdec.core.metrics, none here."""
+    (RunRecord.metrics); every number is computed in specdec.core.metrics, none here. baseline_steps: how many plain
+    steps timed beside the run the measured speedup divides by (0: the load-time cost)."""
     if m is None or not m.rounds:
         return '<div class="sd-stats sd-stats-empty">Stats appear after the first round.</div>'
     cells = [
@@ -60,7 +69,8 @@ def render_stats(m: RunMetrics | None) -> str:
     ]
     if m.speedup is not None:
         cells.append(_stat("measured speedup", f"{m.speedup:.2f}×",
-                           "speculative tok/s ÷ plain target tok/s, both measured on this machine", "speedup"))
+                           "speculative tok/s ÷ plain target tok/s, both measured on this machine; "
+                           + baseline_words(baseline_steps), "speedup"))
     if m.predicted_speedup is not None:
         cells.append(_stat("predicted speedup", f"{m.predicted_speedup:.2f}×",
                            f"Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with per-token α = {m.alpha:.2f}, "
@@ -70,6 +80,8 @@ def render_stats(m: RunMetrics | None) -> str:
         foot += f" · c_loop (paid in this run) = {m.c_loop:.2f}"
     if m.c_plain is not None:
         foot += f" · c_plain (plain step costs) = {m.c_plain:.2f}"
+    if m.baseline_tok_s:
+        foot += f" · {baseline_words(baseline_steps)}: {1e3 / m.baseline_tok_s:.0f} ms/token"
     return (f'<div class="sd-stats"><div class="sd-stat-grid">{"".join(cells)}</div>{_per_position(m)}'
             f'<div class="sd-stats-foot">{html.escape(foot)}</div></div>')
 

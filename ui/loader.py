@@ -54,6 +54,7 @@ class LoadJob:
     started: float = field(default_factory=time.time)
     loaded: threading.Event = field(default_factory=threading.Event)  # pair ready (or failed)
     measured: threading.Event = field(default_factory=threading.Event)  # costs ready (or failed)
+    measured_at: float = 0.0  # time.time() when the costs were timed
 
     @property
     def state(self) -> str:
@@ -172,6 +173,7 @@ class PairLoader:
             self.quiet.wait(timeout=120)
             job.message = "measuring the plain per-token cost of both models"
             job.costs = measure_costs(job.pair)
+            job.measured_at = time.time()
             job.message = f"models ready in {time.time() - t0:.0f} s"
         except Exception:  # noqa: BLE001 - without costs the app still runs, only the speedup lines are missing
             traceback.print_exc(file=sys.stderr)

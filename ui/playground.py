@@ -87,7 +87,9 @@ class Playground:
         if head:  # q is zero outside the draft's head: say so where the charts' q = 0 bars can be explained
             details["draft head"] = f"ids < {head} + EOS + the text's tokens"
         if job.costs:
-            details["plain target"] = f"{job.costs.target_ms:.0f} ms/token"
+            details["plain target"] = (f"{job.costs.target_ms:.0f} ms/token (timed at load, "
+                                       f"{time.strftime('%H:%M', time.localtime(job.measured_at))}; each run's "
+                                       "speedup divides by plain steps timed beside it)")
             details["c_plain"] = f"{job.costs.c_plain:.2f}"
         return render_model_status("ready", f"Model pair: {info.name}", details)
 
@@ -107,11 +109,11 @@ class Playground:
         elif rounds:
             r, p = default_selection(rounds[-1])
             pq = pq_figure(rounds[r], p)
-            speed = speedup_figure(rounds, rec.costs)
+            speed = speedup_figure(rounds, rec.costs, rec.baseline_ms_per_token)
             # Drawn when a run or step ends, not while streaming: building and sending more figures per round
             # competes with the decoding for this machine's cores (and the time chart would measure that).
             if recorded:
-                time_fig = time_breakdown_figure(time_breakdown(rounds, rec.costs))
+                time_fig = time_breakdown_figure(time_breakdown(rounds, rec.costs, rec.baseline_ms_per_token))
                 hist_fig = acceptance_histogram_figure(server_metrics.per_request(rec, detailed=False))
             else:
                 time_fig = hist_fig = gr.skip()
@@ -129,7 +131,7 @@ class Playground:
             render_status(kind, message),
             tokens,
             render_phases(rounds[-1] if rounds else None),
-            render_stats(rec.metrics if rounds else None),
+            render_stats(rec.metrics if rounds else None, rec.baseline_steps),
             pq,
             speed,
             round_dd,
@@ -199,7 +201,8 @@ class Playground:
             session.start(TreeRun(TreeDecoder(job.pair, controls.prompt, settings, widths, mode)), job)
             return session.live_rounds(run)
         if not self.detached:
-            session.start(SpeculativeDecoder(job.pair, controls.prompt, settings), job)
+            # plain_probe: the measured speedup divides by plain steps timed beside this run, under the same load
+            session.start(SpeculativeDecoder(job.pair, controls.prompt, settings, plain_probe=True), job)
             return session.live_rounds(run)
         pair, req = job.pair, job.request
         # The tokenizer is all this needs, so a bad prompt fails here without asking for a GPU.

@@ -59,14 +59,18 @@ class RunRecord:
     text: str = ""
     stop_reason: str | None = None
     costs: StepCosts | None = None  # plain per-token costs of both models measured on this machine at load
-    baseline_ms_per_token: float | None = None  # a plain lane timed side by side (a race), when there was one
+    # Plain target ms per token timed side by side with the run: a race's plain lane, or plain steps timed between
+    # the rounds (SpeculativeDecoder(plain_probe=True)); None: the measured speedup falls back to `costs`.
+    baseline_ms_per_token: float | None = None
+    baseline_steps: int = 0  # how many plain steps that baseline is the median of (0: a race lane, or none)
     label: str = ""
     created: str = field(default_factory=now_iso)
 
     @classmethod
     def from_decoder(cls, dec: "SpeculativeDecoder", costs: StepCosts | None = None, label: str = "") -> "RunRecord":
         return cls(dec.prompt, list(dec.prompt_ids), dec.settings, PairInfo.of(dec.pair), list(dec.rounds), dec.text,
-                   dec.stop_reason, costs, label=label)
+                   dec.stop_reason, costs, getattr(dec, "plain_ms_per_token", None),
+                   len(getattr(dec, "plain_step_ms", ())), label=label)
 
     @property
     def metrics(self) -> RunMetrics:

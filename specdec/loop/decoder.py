@@ -29,16 +29,26 @@ from specdec.loop.display import round_event
 from specdec.loop.gamma import make_policy
 from specdec.models.pair import ModelPair
 
+# Plain steps timed beside a run (`plain_probe=True`): at least PLAIN_PROBE_MIN, then one more whenever the steps
+# timed so far cost less than PLAIN_PROBE_SHARE of the rounds' own time. Each is one target pass over the last
+# committed token at the run's current context (what a plain decoding step is), under whatever else the machine is
+# doing at that moment, so the measured speedup divides two costs paid under the same load.
+PLAIN_PROBE_MIN = 2
+PLAIN_PROBE_SHARE = 0.15
+
 
 class SpeculativeDecoder:
     """Stateful decoder: `step()` runs exactly one round; iterating runs rounds until EOS or max_new_tokens."""
 
     def __init__(self, pair: ModelPair, prompt, settings: DecodeSettings = DecodeSettings(), drafter: Drafter | None = None,
-                 gamma_schedule: list[int] | None = None, top_k: int = TOP_DISPLAY):
+                 gamma_schedule: list[int] | None = None, top_k: int = TOP_DISPLAY, plain_probe: bool = False,
+                 history=()):
         """`gamma_schedule` forces each round's gamma (e.g. the recorded gammas of a trace, to reproduce a run whose
         policy followed wall-clock timings); `top_k` is how many candidates per position each Round carries for
         display -- 0 skips building them (a top-k and a decode per position), for consumers that only want text
-        and statistics (the benchmark's timed loop, the CLI)."""
+        and statistics (the benchmark's timed loop, the CLI). `plain_probe` times plain target steps between rounds
+        (`time_plain_step`, outside the rounds' own times): the record's baseline for the measured speedup.
+        `history`: texts of the visitor's own earlier runs, for the suffix drafter's index (make_drafter)."""
         self.settings = settings.validate()
         self.pair = pair
         self.tok = pair.tokenizer
@@ -46,7 +56,8 @@ class SpeculativeDecoder:
         self.prompt_ids = encode_prompt(self.tok, prompt, settings.chat)
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(pair.device, settings.seed)
-        self.drafter = drafter or make_drafter(pair, settings, self.prompt_ids)
+        self.drafter = drafter or make_drafter(pair, settings, self.prompt_ids, history=history,
+                                               replay=gamma_schedule is not None)
         self.target = open_lm(pair.target, pair.vocab_size, engine=pair.engine,
                               max_len=len(self.prompt_ids) + self.settings.max_new_tokens)
         self.policy = make_policy(self.settings, gamma_schedule)
@@ -55,6 +66,8 @@ class SpeculativeDecoder:
         self.rounds: list[Round] = []
         self.stop_reason: StopReason | None = None
         self._started: float | None = None  # perf_counter time the first round started
+        self.plain_probe = plain_probe
+        self.plain_step_ms: list[float] = []  # plain target steps timed between rounds (time_plain_step)
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -85,6 +98,8 @@ class SpeculativeDecoder:
         asked = self.policy.gamma
         gamma = max(1, min(asked, left - 1))  # guesses past the budget are wasted: at most left-1 plus repair/bonus
         draft = self.drafter.propose(self.ids, gamma, self.settings.sampling, self.gen)
+        if draft.asked is not None:  # the drafter chose the length itself (a copy cut by expected gain)
+            asked = draft.asked
         draft_ms = clock.lap()
         p = self.score(draft)
         verify_ms = clock.lap()
@@ -102,16 +117,43 @@ class SpeculativeDecoder:
         self.policy.observe(rnd)
         self.totals.observe(rnd)
         rnd.round_ms = clock.total()
-        self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round_ms
+        observe = getattr(self.drafter, "observe", None)
+        if observe is not None:  # a drafter that learns from timings (drafters/gain.py)
+            observe(rnd)
+        self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round_ms - sum(self.plain_step_ms)
         rnd.totals = replace(self.totals)
         self.rounds.append(rnd)
+        if self.plain_probe and not self.done and self._plain_step_due():
+            self.time_plain_step()
         return rnd
+
+    def _plain_step_due(self) -> bool:
+        spent = sum(self.plain_step_ms)
+        return len(self.plain_step_ms) < PLAIN_PROBE_MIN or spent < PLAIN_PROBE_SHARE * self.totals.elapsed_ms
+
+    @torch.inference_mode()
+    def time_plain_step(self) -> float:
+        """Time one plain decoding step here and now: the target fed the last committed token at the current context
+        (the cache holds every committed token but that one), its logits computed as plain decoding computes them;
+        then the token is dropped from the cache again, so the run goes on exactly as it would have. Returns ms."""
+        clock = Stopwatch(self.pair.device)
+        self.target.logits_after(self.ids, (), 1)
+        ms = clock.lap()
+        self.target.sync(self.ids)
+        self.plain_step_ms.append(ms)
+        return ms
 
     def score(self, draft: Draft) -> Probs:
         """p [g+1, V]: the target's warped distributions after the committed text and after each of the g guesses,
         from one forward pass (it also feeds any committed tokens the cache lacks)."""
         g = len(draft.tokens)
         return distribution(self.target.logits_after(self.ids, draft.tokens.tolist(), g + 1), self.settings.sampling)
+
+    @property
+    def plain_ms_per_token(self) -> float | None:
+        """The median plain step timed beside this run (None before the first)."""
+        steps = sorted(self.plain_step_ms)
+        return steps[len(steps) // 2] if steps else None
 
     def record(self, costs: StepCosts | None = None, label: str = "") -> RunRecord:
         """The run so far as one typed RunRecord (what traces, the playground and the Learn tab consume)."""

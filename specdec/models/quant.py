@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from specdec.core.errors import InvalidInputError
+from specdec.models import disk_cache
 
 QUANT_MODES = ("int8", "int4", "int4-all")  # what draft_quant may name ("" or "none": no quantization)
 PACKED_ACTIVATIONS = (torch.bfloat16, torch.float16)  # the activation dtypes the packed kernels are used with
@@ -204,9 +205,17 @@ class Int8Linear(PackedLinear):
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     dtype: torch.dtype | None = None) -> "Int8Linear":
         """Quantize a float weight [N, K] (activations in `dtype`, default the weight's own)."""
-        dtype = dtype or weight.dtype
+        return cls.from_codes(cls.codes(weight, dtype or weight.dtype), bias)
+
+    @staticmethod
+    def codes(weight: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """What the layer is rebuilt from (`from_codes`): quantize_rows' q and scales."""
         q, scales = quantize_rows(weight, dtype)
-        return cls(q, scales, bias)
+        return {"q": q, "scales": scales}
+
+    @classmethod
+    def from_codes(cls, codes: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> "Int8Linear":
+        return cls(codes["q"], codes["scales"], bias)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> "Int8Linear":
@@ -263,9 +272,18 @@ class Int4Linear(PackedLinear):
                     dtype: torch.dtype | None = None) -> "Int4Linear":
         """Quantize a float weight [N, K] (K a multiple of INT4_GROUP; activations in `dtype`)."""
         check_int4_width(weight.shape[1])
-        dtype = dtype or weight.dtype
+        return cls.from_codes(cls.codes(weight, dtype or weight.dtype), bias)
+
+    @staticmethod
+    def codes(weight: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """What the layer is rebuilt from (`from_codes`): quantize_groups' q (as uint8), scales and mins."""
         q, scales, mins = quantize_groups(weight, dtype)
-        return cls(dequantize_groups(q, scales, mins).to(dtype), bias, *pack_int4(q, scales, mins))
+        return {"q": q.to(torch.uint8), "scales": scales, "mins": mins}
+
+    @classmethod
+    def from_codes(cls, codes: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> "Int4Linear":
+        q, scales, mins = codes["q"].to(torch.int32), codes["scales"], codes["mins"]
+        return cls(dequantize_groups(q, scales, mins).to(scales.dtype), bias, *pack_int4(q, scales, mins))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> "Int4Linear":
@@ -312,12 +330,14 @@ def _decoder_linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]
 
 
 @torch.no_grad()
-def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = None) -> nn.Module:
+def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = None, cache: bool = True) -> nn.Module:
     """Swap the decoder layers' linear layers and the output projection for packed layers, in place (`layer_kind`:
     int8 everywhere, or int4 MLPs beside int8 attention and head); returns model.
 
     dtype: the activation dtype (bfloat16 or float16); None keeps the model's own. A model in another float dtype
-    is cast to it first (its norms and embeddings then run in it too). Raises InvalidInputError for an unknown
+    is cast to it first (its norms and embeddings then run in it too). cache: read the codes from, and write them
+    to, the disk cache (`specdec.models.disk_cache`), keyed by a digest of the source weights, the mode and the
+    dtype: the codes are a pure function of those, and the range search costs tens of seconds per start. Raises InvalidInputError for an unknown
     mode, float32 activations or a device other than the CPU, before changing anything.
     """
     mode = resolve_quant(mode)
@@ -339,15 +359,53 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
             check_int4_width(linear.in_features)
     if first.dtype != dtype:
         model.to(dtype)
+    named = {id(m): name for name, m in model.named_modules()}
+    layers = [(named[id(linear)], kind, linear) for linear, kind in swaps]
+    identity = _codes_identity(mode, dtype, layers) if cache and disk_cache.enabled() else None
+    codes = _cached_codes(identity, layers) if identity else None
+    if codes is None:
+        codes = {name: kind.codes(linear.weight, dtype) for name, kind, linear in layers}
+        if identity:
+            disk_cache.write_tensors(_codes_path(identity), identity, {f"{name}/{part}": t for name, parts in
+                                                                       codes.items() for part, t in parts.items()})
+    built = {name: kind.from_codes(codes[name], linear.bias) for name, kind, linear in layers}
     for parent, attr, linear, kind in linears:
-        setattr(parent, attr, kind.from_linear(linear, dtype))
+        setattr(parent, attr, built[named[id(linear)]])
     if isinstance(head, nn.Linear):
-        model.set_output_embeddings(head_kind.from_linear(head, dtype))
+        model.set_output_embeddings(built[named[id(head)]])
         if getattr(model.config, "tie_word_embeddings", False):
             model.config.tie_word_embeddings = False  # the packed head is its own copy now; nothing may re-tie it
     model._specdec_quant = mode
     gc.collect()  # the replaced float layers hold no other references: free them now
     return model
+
+
+QUANT_FORMAT = 1  # bump when codes() changes what it computes: cached codes of the old rule are then ignored
+
+
+def _codes_identity(mode: str, dtype: torch.dtype, layers) -> dict:
+    """What the codes are a function of: the rule (mode, group, clips, format), the dtype and every source weight."""
+    source = disk_cache.tensor_digest((f"{name}:{kind.__name__}", linear.weight) for name, kind, linear in layers)
+    return {"rule": [QUANT_FORMAT, mode, INT4_GROUP, list(INT4_CLIPS), QMAX], "dtype": str(dtype), "source": source}
+
+
+def _codes_path(identity: dict):
+    return disk_cache.store_dir("quant") / f"{identity['rule'][1]}-{identity['source'][:32]}.safetensors"
+
+
+def _cached_codes(identity: dict, layers) -> dict[str, dict[str, torch.Tensor]] | None:
+    """The stored codes for exactly these weights and this rule, each layer's present with the right shapes."""
+    flat = disk_cache.read_tensors(_codes_path(identity), identity)
+    if flat is None:
+        return None
+    codes: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in flat.items():
+        name, _, part = key.rpartition("/")
+        codes.setdefault(name, {})[part] = t
+    for name, _, linear in layers:
+        if name not in codes or tuple(codes[name].get("q", torch.empty(0)).shape) != tuple(linear.weight.shape):
+            return None
+    return codes
 
 
 def quantize_int8(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:

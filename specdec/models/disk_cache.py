@@ -1,0 +1,122 @@
+"""Results that are a pure function of their inputs, kept on disk between processes.
+
+Two things a pair load would otherwise recompute on every start live here: the quantized draft's codes
+(`specdec.models.quant`, a function of the source weights and the mode) and the prepacked kernels' per-(shape,
+width) verdicts (`specdec.models.prepack`, a function of the CPU, the torch build and the dtype).
+
+Every entry carries its identity (the inputs it was computed from) and a checksum of its content. A reader
+recomputes both and ignores an entry whose identity or checksum differs -- another machine's verdicts, a torch
+upgrade, a torn or corrupted file -- so a cache entry is never trusted beyond what it can prove; the caller then
+recomputes and writes it again. SPECDEC_DISK_CACHE=0 turns the store off (every start recomputes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from specdec.models.embedded import cache_dir
+
+FORMAT = 1  # bump when an entry's layout changes: older entries then fail their identity check
+
+
+def enabled() -> bool:
+    return os.environ.get("SPECDEC_DISK_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def store_dir(kind: str) -> Path:
+    return cache_dir() / kind
+
+
+def digest(*parts) -> str:
+    """A stable hex digest of JSON-able parts (the identity of an entry)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def tensor_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A digest of tensors' names, dtypes, shapes and bytes (blake2b: ~1 GB/s on one core)."""
+    h = hashlib.blake2b(digest_size=32)
+    for name, t in named:
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)  # readers see the old entry or the new one, never half of one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path, identity: dict) -> dict | None:
+    """The payload stored at path for exactly this identity, or None (missing, foreign, corrupted)."""
+    if not enabled():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        payload = doc["payload"]
+        if (doc.get("format") != FORMAT or doc.get("identity") != json.loads(json.dumps(identity, default=str))
+                or doc.get("checksum") != digest(payload) or not isinstance(payload, dict)):
+            return None
+        return payload
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_json(path: Path, identity: dict, payload: dict) -> bool:
+    """Store payload for identity; False (and nothing raised) when the disk refuses."""
+    if not enabled():
+        return False
+    doc = {"format": FORMAT, "identity": identity, "checksum": digest(payload), "payload": payload}
+    try:
+        _write_atomic(path, json.dumps(doc, sort_keys=True, default=str).encode())
+        return True
+    except OSError:
+        return False
+
+
+def read_tensors(path: Path, identity: dict) -> dict[str, torch.Tensor] | None:
+    """The tensors stored at path for exactly this identity, their bytes checked; else None."""
+    if not enabled() or not path.is_file():
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("identity") != digest(FORMAT, identity):
+            return None
+        tensors = load_file(str(path))
+        if meta.get("checksum") != tensor_digest(sorted(tensors.items())):
+            return None
+        return tensors
+    except (OSError, ValueError, RuntimeError, SafetensorError):
+        return None
+
+
+def write_tensors(path: Path, identity: dict, tensors: dict[str, torch.Tensor]) -> bool:
+    if not enabled():
+        return False
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    meta = {"identity": digest(FORMAT, identity), "checksum": tensor_digest(sorted(tensors.items()))}
+    try:
+        _write_atomic(path, save(tensors, metadata=meta))
+        return True
+    except OSError:
+        return False

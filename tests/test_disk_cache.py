@@ -1,0 +1,129 @@
+"""The disk cache of pure-function results (specdec.models.disk_cache) and its two users: the quantized draft's
+codes (read back: the same layers, bit for bit; a corrupted or foreign entry ignored and recomputed) and the plain
+steps a decoder times beside its rounds (they leave the run exactly as it was)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specdec.core.sampling import SamplingConfig
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import PLAIN_PROBE_MIN, SpeculativeDecoder
+from specdec.models import disk_cache, quant
+from specdec.models.quant import Int4Linear, Int8Linear, quantize
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECDEC_DISK_CACHE", "1")
+    return tmp_path
+
+
+def test_json_entries_round_trip_and_refuse_foreign_or_corrupted_ones(store):
+    path = store / "verdicts" / "x.json"
+    ident = {"cpu": "a", "torch": "1"}
+    assert disk_cache.read_json(path, ident) is None
+    assert disk_cache.write_json(path, ident, {"k": True})
+    assert disk_cache.read_json(path, ident) == {"k": True}
+    assert disk_cache.read_json(path, {"cpu": "b", "torch": "1"}) is None  # another machine's entry
+    path.write_text(path.read_text().replace("true", "false"))  # content no longer matches its checksum
+    assert disk_cache.read_json(path, ident) is None
+    path.write_text("{not json")
+    assert disk_cache.read_json(path, ident) is None
+
+
+def test_tensor_entries_round_trip_and_refuse_foreign_or_corrupted_ones(store):
+    path = store / "t.safetensors"
+    ident = {"source": "abc"}
+    tensors = {"a/q": torch.arange(12, dtype=torch.uint8).view(3, 4), "a/scales": torch.ones(3, dtype=BF16)}
+    assert disk_cache.write_tensors(path, ident, tensors)
+    back = disk_cache.read_tensors(path, ident)
+    assert back is not None and all(torch.equal(back[k], v) for k, v in tensors.items())
+    assert disk_cache.read_tensors(path, {"source": "abd"}) is None
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF  # one flipped bit in the last tensor's data
+    path.write_bytes(bytes(raw))
+    assert disk_cache.read_tensors(path, ident) is None
+
+
+def _outputs(model, seed=0):
+    x = torch.randn(3, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(seed)).to(BF16)
+    layers = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
+    return [m(x[..., : m.in_features]) if m.in_features <= x.shape[-1] else None for m in layers]
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_cached_codes_rebuild_the_same_layers_and_are_really_read(tiny_pair, store, monkeypatch, mode):
+    fresh = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), mode, cache=False)
+    first = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), mode)  # computes and writes the entry
+    assert list((store / "quant").glob(f"{mode}-*.safetensors"))
+
+    def refuse(*_):
+        raise AssertionError("codes recomputed although the cache holds them")
+
+    monkeypatch.setattr(Int8Linear, "codes", staticmethod(refuse))
+    monkeypatch.setattr(Int4Linear, "codes", staticmethod(refuse))
+    second = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), mode)  # must come from the disk
+    for a, b, c in zip(_outputs(fresh), _outputs(first), _outputs(second)):
+        if a is not None:
+            assert torch.equal(a, b) and torch.equal(a, c)
+    for (na, ta), (nb, tb) in zip(fresh.state_dict().items(), second.state_dict().items()):
+        assert na == nb and torch.equal(ta, tb), na
+
+
+def test_a_corrupted_or_foreign_codes_entry_is_recomputed(tiny_pair, store, monkeypatch):
+    fresh = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4", cache=False)
+    quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4")
+    (entry,) = (store / "quant").glob("int4-*.safetensors")
+    raw = bytearray(entry.read_bytes())
+    raw[-3] ^= 0x10
+    entry.write_bytes(bytes(raw))
+    calls = []
+    real = Int4Linear.codes
+    monkeypatch.setattr(Int4Linear, "codes", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    again = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4")
+    assert calls, "a corrupted entry was trusted"
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), again.state_dict().values()))
+    # Other weights (a draft with one weight changed) have another identity: the entry above is not theirs.
+    other = copy.deepcopy(tiny_pair.draft).to(BF16)
+    with torch.no_grad():
+        next(m for m in other.modules() if isinstance(m, torch.nn.Linear)).weight[0, 0] += 1
+    calls.clear()
+    quantize(other, "int4")
+    assert calls
+
+
+# --------------------------------------------------------------------------------- plain steps beside a run
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_steps_timed_beside_a_run_leave_it_unchanged(tiny_pair, temperature):
+    s = DecodeSettings(max_new_tokens=24, gamma=3, sampling=SamplingConfig(temperature=temperature), seed=5)
+    plain = SpeculativeDecoder(tiny_pair, "hello world", s)
+    probed = SpeculativeDecoder(tiny_pair, "hello world", s, plain_probe=True)
+    a, b = list(plain), list(probed)
+    assert plain.generated_ids == probed.generated_ids
+    assert [r.committed_ids for r in a] == [r.committed_ids for r in b]
+    assert len(probed.plain_step_ms) >= min(PLAIN_PROBE_MIN, len(b) - 1) and not plain.plain_step_ms
+    rec = probed.record()
+    assert rec.baseline_steps == len(probed.plain_step_ms)
+    assert rec.baseline_ms_per_token == probed.plain_ms_per_token
+    assert rec.metrics.speedup is not None  # the measured speedup needs no load-time costs now
+    # the timed plain steps are not part of the run's own time
+    assert probed.totals.elapsed_ms <= sum(r.round_ms for r in b) + 50
+
+
+def test_plain_steps_stay_within_their_share_of_the_run(no_eos):
+    s = DecodeSettings(max_new_tokens=60, gamma=1, sampling=SamplingConfig(temperature=0.0))
+    dec = SpeculativeDecoder(no_eos, "a b c", s, plain_probe=True)
+    rounds = list(dec)
+    spent = sum(dec.plain_step_ms)
+    one = max(dec.plain_step_ms)
+    assert len(dec.plain_step_ms) < len(rounds)
+    assert spent <= 0.15 * sum(r.round_ms for r in rounds) + one + PLAIN_PROBE_MIN * one
