@@ -72,7 +72,7 @@ def test_render_overhead_script_runs_the_bench_and_adds_the_render_share(tmp_pat
 
 def test_group_summary_uses_medians_and_per_token_alpha():
     from specdec.core.metrics import StepCosts
-    from tests.test_audit_defects import _round
+    from tests.test_fates_and_counts import _round
 
     def s(name, tok, sec, rounds=()):
         return Sample(name, "code", "greedy", "p", tok, sec, list(rounds))

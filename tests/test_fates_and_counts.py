@@ -1,7 +1,6 @@
-"""Defects a second audit found in the engine (none broke exactness), each pinned by a test that failed on 1c256d7:
-the batched statistics counted guesses that never reached the text (a), the heuristic gamma policy read an empty
-proposal as a fully kept round (c), and a rerun replayed the guesses drafted instead of the gamma asked for (f).
-Plus the one stop rule every loop now shares."""
+"""Which guesses count: the one stop rule every loop shares, the fates of a round's guesses, and the kept / tested
+statistics of single and batched runs, which count only guesses that reached the text (not those past a committed
+EOS or thrown away by the lockstep cut)."""
 
 from __future__ import annotations
 
@@ -11,21 +10,20 @@ import pytest
 import torch
 
 from specdec.core.events import ACCEPTED, CUT, DISCARDED, REJECTED, Round, Totals, draft_fates
+from specdec.core.metrics import summarize
 from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings
 from specdec.core.stop import STOP_LABELS, StopReason, cut_at_stop, stop_label
 from specdec.core.verify import BatchVerdict
-from specdec.drafters.cross import CrossTokenizerDrafter
 from specdec.loop import batched
 from specdec.loop.batched import BatchedSpeculativeDecoder
-from specdec.loop.decoder import SpeculativeDecoder, rerun
-from specdec.loop.gamma import HeuristicGamma
-from specdec.models.cross import CrossDraft, tiny_cross_draft
+from specdec.loop.decoder import SpeculativeDecoder
+
 
 PROMPTS = ["def add(a, b):", "hello world", "the cat sat", "x = [1, 2, 3]"]
 
 
-# ------------------------------------------------------------------------------------------------ the stop rule
+# ------------------------------------------------------------------------------------------------------- the stop rule
 
 
 def test_cut_at_stop_ends_after_eos_then_at_the_budget():
@@ -47,7 +45,40 @@ def test_fates_are_one_definition_for_rounds_and_batch_rows():
     assert (t.kept, t.tested, t.drafted, t.generated) == (2, 2, 4, 2)
 
 
-# ------------------------------------------------------- a. batched statistics follow Round.fates
+# --------------------------------------------------------------------------- single runs: guesses past a committed EOS
+
+
+# Statistics once counted guesses kept past a committed EOS.
+def _round(gamma: int, n_accepted: int, committed: int) -> Round:
+    rejected = n_accepted if n_accepted < gamma else None
+    return Round(index=0, position=0, gamma=gamma, draft_ids=[5] * gamma, draft_pieces=["x"] * gamma,
+                 q_draft=[1.0] * gamma, p_draft=[1.0] * gamma, accept_probs=[1.0] * gamma, uniforms=[0.0] * gamma,
+                 n_accepted=n_accepted, rejected_at=rejected, emitted_id=6, emitted_piece="y",
+                 is_bonus=rejected is None, emitted_p=1.0, q_top=[[] for _ in range(gamma)],
+                 p_top=[[] for _ in range(gamma + 1)], residual_top=None if rejected is None else [],
+                 committed_ids=[5] * committed, committed_pieces=["x"] * committed, draft_ms=1.0, verify_ms=1.0)
+
+
+def test_statistics_stop_at_a_committed_eos():
+    # EOS accepted at position 1: guesses 2 and 3 were kept by the rule but are not in the text.
+    cut = _round(gamma=4, n_accepted=4, committed=2)
+    assert cut.fates == [ACCEPTED, ACCEPTED, CUT, CUT]
+    m = summarize([cut, _round(gamma=4, n_accepted=1, committed=2)])
+    assert m.accepted == 2 + 1
+    assert m.tested == 2 + 2  # the second round tested its kept guess and its rejection
+    assert m.alpha == pytest.approx(3 / 4)
+    assert m.accepted_histogram == [0, 1, 1, 0, 0]
+    assert m.per_position_acceptance[:2] == [1.0, 0.5] and m.per_position_acceptance[2] == 0.0
+
+
+def test_decoder_totals_match_the_rounds(tiny_pair):
+    dec = SpeculativeDecoder(tiny_pair, "hello", DecodeSettings(max_new_tokens=30, sampling=SamplingConfig(0.9)))
+    list(dec)
+    m = summarize(dec.rounds)
+    assert dec.totals.kept == m.accepted and dec.totals.tested == m.tested
+
+
+# ------------------------------------------------------------------------------- batched statistics follow Round.fates
 
 
 def _independent_counts(rounds) -> tuple[int, int]:
@@ -121,88 +152,3 @@ def test_post_eos_guesses_are_cut_in_the_batched_counts(no_eos, monkeypatch):
     assert rnd.row_fates(0) == [ACCEPTED, CUT, CUT, CUT]
     st = dec.result().stats()
     assert st["accepted"] == 1 + len(rnd.committed[1]) - 1 and st["tested"] == st["accepted"]
-
-
-# ------------------------------------------------------------- c. an empty proposal says nothing
-
-
-def _round(gamma: int, n_accepted: int) -> Round:
-    return Round(index=1, position=0, gamma=gamma, draft_ids=[1] * gamma, draft_pieces=["a"] * gamma,
-                 q_draft=[1.0] * gamma, p_draft=[0.5] * gamma, accept_probs=[0.5] * gamma, uniforms=[0.1] * gamma,
-                 n_accepted=n_accepted, rejected_at=None if n_accepted == gamma else n_accepted, emitted_id=2,
-                 emitted_piece="b", is_bonus=n_accepted == gamma, emitted_p=0.5, q_top=[], p_top=[],
-                 residual_top=None, committed_ids=[1] * n_accepted + [2], committed_pieces=[], draft_ms=1.0,
-                 verify_ms=1.0)
-
-
-def test_heuristic_gamma_ignores_rounds_without_a_proposal():
-    policy = HeuristicGamma(4)
-    for _ in range(5):
-        policy.observe(_round(0, 0))
-    assert policy.gamma == 4
-    policy.observe(_round(4, 4))
-    assert policy.gamma == 6
-    policy.observe(_round(6, 2))
-    assert policy.gamma == 5
-
-
-class AskedRecorder:
-    """Wraps a drafter and records the gamma each round asked it for."""
-
-    def __init__(self, inner):
-        self.inner, self.asked = inner, []
-
-    def propose(self, committed, gamma, cfg, gen):
-        self.asked.append(gamma)
-        return self.inner.propose(committed, gamma, cfg, gen)
-
-    def feedback(self, committed, n_accepted, n_drafted):
-        self.inner.feedback(committed, n_accepted, n_drafted)
-
-
-def test_ngram_rounds_without_a_match_do_not_inflate_gamma(tiny_pair):
-    from specdec.drafters import make_drafter
-
-    s = DecodeSettings(gamma=4, max_new_tokens=24, drafter="ngram", gamma_policy="heuristic", seed=0)
-    dec = SpeculativeDecoder(tiny_pair, "qwertyuiop", s)
-    rec = AskedRecorder(make_drafter(tiny_pair, s, dec.prompt_ids))
-    dec.drafter = rec
-    list(dec)
-    empty = [i for i, r in enumerate(dec.rounds) if r.gamma == 0]
-    assert empty, "the test needs rounds where ngram found no match"
-    for i in empty:
-        if i + 1 < len(dec.rounds):
-            assert rec.asked[i + 1] <= rec.asked[i], f"gamma grew after the empty round {i}: {rec.asked}"
-
-
-# ------------------------------------------------- f. a rerun asks for the gamma that was asked
-
-
-@pytest.fixture(scope="module")
-def merging_pair(tiny_pair):
-    """A target whose tokenizer merges characters ("th", " t", "return", ...): the tiny cross draft's BPE model,
-    with a character-level cross draft (the tiny draft and its tokenizer). A few drafted characters then
-    re-tokenize into fewer target tokens than the gamma asked for."""
-    bpe = tiny_cross_draft(tiny_pair)
-    tok = bpe.tokenizer
-    pair = dataclasses.replace(tiny_pair, target=bpe.model, draft=bpe.model, tokenizer=tok, name="merging",
-                               target_id="test:merging", draft_id="test:merging", vocab_size=len(tok),
-                               eos_token_ids=(tok.eos_token_id,))
-    return pair, CrossDraft(tiny_pair.draft, tiny_pair.tokenizer, "character draft")
-
-
-def test_rerun_reproduces_a_run_whose_drafts_merged(merging_pair, monkeypatch):
-    pair, chars = merging_pair
-    import specdec.models.cross as cross_mod
-
-    monkeypatch.setattr(cross_mod, "load_cross_draft", lambda _pair: chars)
-    s = DecodeSettings(gamma=6, max_new_tokens=40, drafter="cross", sampling=SamplingConfig(temperature=1.0), seed=0)
-    dec = SpeculativeDecoder(pair, "the theme then", s)
-    assert isinstance(dec.drafter, CrossTokenizerDrafter)
-    list(dec)
-    record = dec.record()
-    merged = [r for r in record.rounds if 0 < r.gamma < r.asked]
-    assert merged, "the test needs rounds whose characters merged into fewer target tokens"
-    again = rerun(record, pair)
-    assert again.generated_ids == dec.generated_ids
-    assert [r.asked for r in again.rounds] == record.gamma_schedule
