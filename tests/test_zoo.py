@@ -179,17 +179,29 @@ def test_bad_input_is_refused():
         zoo.run_zoo_lab(HP, "fresh-p", 0)
 
 
-def test_first_token_logits_match_the_engine_rows(tiny_pair):
+def test_first_token_rows_are_the_rows_of_a_decoder_round(tiny_pair):
+    """The one computation of the first-token rows (lab.first_token_logits, warped by lab.first_token_rows) gives
+    the q the draft model's propose() samples from and the p of the target's verification pass."""
+    from specdec.core.kvcache import CachedLM
+    from specdec.core.sampling import dense
+    from specdec.drafters import DraftModelDrafter, resolve_draft_vocab
+
     cfg = SamplingConfig(0.9, 20, 1.0)
-    logits = zoo.first_token_logits(tiny_pair, "def fibonacci(n):")
-    rows = lab.first_token_rows(tiny_pair, "def fibonacci(n):", cfg)
-    assert torch.allclose(warp(logits.target, cfg), rows.p0, atol=1e-5)
-    assert torch.allclose(warp(logits.draft, cfg), rows.q0, atol=1e-5)
+    logits = lab.first_token_logits(tiny_pair, "def fibonacci(n):")
+    rows = lab.first_token_rows(tiny_pair, "def fibonacci(n):", cfg, logits=logits)
+    assert torch.equal(rows.p0, warp(logits.target, cfg)) and torch.equal(rows.q0, warp(logits.draft, cfg))
+    ids = rows.prompt_ids
+    drafter = DraftModelDrafter(tiny_pair.draft, tiny_pair.vocab_size, head_vocab=resolve_draft_vocab(tiny_pair, None),
+                                always_keep=tiny_pair.eos_token_ids)
+    draft = drafter.propose(ids, 1, cfg, torch.Generator().manual_seed(0))
+    verify = warp(CachedLM(tiny_pair.target, tiny_pair.vocab_size).logits_after(ids, draft.tokens.tolist(), 2), cfg)
+    assert torch.allclose(dense(draft.probs[0]).float(), rows.q0, atol=1e-5)
+    assert torch.allclose(verify[0].float(), rows.p0, atol=1e-5)
 
 
 @pytest.mark.parametrize("key", list(zoo.ENTRIES))
 def test_real_rows_on_the_tiny_pair(tiny_pair, key):
-    logits = zoo.first_token_logits(tiny_pair, "def fibonacci(n):")
+    logits = lab.first_token_logits(tiny_pair, "def fibonacci(n):")
     if zoo.ENTRIES[key].lab_only:
         with pytest.raises(lab.LabInputError, match="lab's rows only"):
             zoo.run_zoo_real(logits, key, SamplingConfig(1.0, 40, 1.0), 100)
@@ -214,7 +226,7 @@ def test_renderers(tiny_pair):
     table = view.zoo_table_html([zoo.run_zoo_lab(HP, k, 2_000) for k in zoo.ENTRIES])
     assert table.count('class="zoo-row"') == len(zoo.ENTRIES)
     # Token text from a tokenizer is escaped in the chart labels.
-    logits = zoo.first_token_logits(tiny_pair, "def fibonacci(n):")
+    logits = lab.first_token_logits(tiny_pair, "def fibonacci(n):")
     res = zoo.run_zoo_real(logits, "fresh-p", SamplingConfig(1.0, 40, 1.0), 1_000, decode=lambda i: "<b>x</b>")
     labels = list(view.zoo_figure(res).data[0].x)
     assert all("<b>" not in lab_ for lab_ in labels)

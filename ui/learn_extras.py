@@ -29,7 +29,7 @@ from .trace_io import trace_dir
 
 DEFAULT_KEY = "greedy-draft"
 _SOURCES: dict[int, Callable] = globals().get("_SOURCES", {})  # get_pair per Learn tab (see learn_tab._PAIR_SOURCES)
-_logits_cache: dict[tuple, zoo.FirstTokenLogits] = {}
+_logits_cache: dict[tuple, lab.FirstTokenLogits] = {}
 _cache_lock = threading.Lock()
 
 
@@ -104,13 +104,13 @@ def build_zoo_lab(editor: Sequence, lab_n, lab_seed) -> None:
 # ------------------------------------------------------------------------------------------ real zoo
 
 
-def _logits(pair, prefix: str) -> zoo.FirstTokenLogits:
+def _logits(pair, prefix: str) -> lab.FirstTokenLogits:
     """The raw logits at a prefix, cached per pair and prefix (switching entries reuses them)."""
     k = (id(pair), prefix)
     with _cache_lock:
         hit = _logits_cache.get(k)
     if hit is None:
-        hit = zoo.first_token_logits(pair, prefix)
+        hit = lab.first_token_logits(pair, prefix)
         with _cache_lock:
             if len(_logits_cache) > 8:
                 _logits_cache.clear()

@@ -25,7 +25,7 @@ from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.record import RunRecord
 from specdec.core.kvcache import CachedLM
 from specdec.core.metrics import predicted_speedup
-from specdec.core.sampling import SamplingConfig, dense, warp
+from specdec.core.sampling import SamplingConfig, warp
 
 MIN_TOKENS, MAX_TOKENS = 3, 6
 MAX_LAB_ROUNDS = 100_000
@@ -336,6 +336,29 @@ def run_lab(hp: HundredPoints, n: int, seed: int = 0, repair: str = "correct") -
 
 
 @dataclass
+class FirstTokenLogits:
+    """The raw next-token logits of both models at a prefix, as the engine's own code computes them."""
+
+    prompt_ids: list[int]
+    target: torch.Tensor  # [V] float32, cpu
+    draft: torch.Tensor  # [V] float32, cpu; -inf outside the draft's reduced head (as the drafter sees it)
+
+
+@torch.inference_mode()
+def first_token_logits(pair, prefix: str, chat: bool = False) -> FirstTokenLogits:
+    """Target and draft logits after the prefix through CachedLM and DraftModelDrafter's own cache (the engine's
+    code, unchanged), before any warp: the one computation of the first-token rows (`first_token_rows` warps them;
+    the bug zoo rebuilds each wrong construction from them)."""
+    ids = encode_prompt(pair.tokenizer, prefix, chat)
+    target = CachedLM(pair.target, pair.vocab_size).logits_after(ids)[-1]
+    drafter = DraftModelDrafter(pair.draft, pair.vocab_size, head_vocab=resolve_draft_vocab(pair, None),
+                                always_keep=pair.eos_token_ids)
+    drafter.lm.keep_in_head(ids)  # as propose() does before its first step
+    draft = drafter.lm.logits_after(ids)[-1]
+    return FirstTokenLogits(ids, target.float().cpu(), draft.float().cpu())
+
+
+@dataclass
 class FirstTokenRows:
     """The warped target row p0 and draft row q0 at a prefix, computed by the engine's own code path."""
 
@@ -345,23 +368,14 @@ class FirstTokenRows:
     sampling: SamplingConfig
 
 
-@torch.inference_mode()
-def first_token_rows(pair, prefix: str, sampling: SamplingConfig, chat: bool = False) -> FirstTokenRows:
-    """p0 and q0 exactly as one SpeculativeDecoder round computes them.
-
-    The draft row comes from DraftModelDrafter.propose and the target row is row 0 of the target's
-    verification pass over [prompt, draft token], fed in one pass each as the decoder's first round does,
-    so the numbers match a real round up to the arithmetic of batching.
-    """
+def first_token_rows(pair, prefix: str, sampling: SamplingConfig, chat: bool = False,
+                     logits: FirstTokenLogits | None = None) -> FirstTokenRows:
+    """p0 and q0 as one SpeculativeDecoder round computes them: the engine's warp of the raw rows of
+    `first_token_logits` (or of `logits`, already computed at this prefix). The decoder's first round scores the
+    prompt together with the guesses, so its numbers match these up to the arithmetic of batching."""
     cfg = sampling.validate()
-    ids = encode_prompt(pair.tokenizer, prefix, chat)
-    gen = torch.Generator(device=pair.device).manual_seed(0)
-    drafter = DraftModelDrafter(pair.draft, pair.vocab_size, head_vocab=resolve_draft_vocab(pair, None),
-                                always_keep=pair.eos_token_ids)
-    draft = drafter.propose(ids, 1, cfg, gen)
-    target = CachedLM(pair.target, pair.vocab_size)
-    p = warp(target.logits_after(ids, draft.tokens.tolist(), 2), cfg)
-    return FirstTokenRows(ids, p[0].float().cpu(), dense(draft.probs[0]).float().cpu(), cfg)
+    logits = logits or first_token_logits(pair, prefix, chat)
+    return FirstTokenRows(logits.prompt_ids, warp(logits.target, cfg), warp(logits.draft, cfg), cfg)
 
 
 @dataclass

@@ -38,13 +38,9 @@ import numpy as np
 import torch
 from scipy import optimize, stats
 
-from specdec.core.settings import encode_prompt
-from specdec.drafters.head import resolve_draft_vocab
-from specdec.drafters import DraftModelDrafter
 from specdec.core.errors import InvalidInputError, whole_number
-from specdec.core.kvcache import CachedLM
-from specdec.learn.lab import LEVEL, ChiSquare, HundredPoints, LabInputError, chi_square, resolve_repair, sample_rounds, total_variation
-from specdec.learn.lab import MAX_LAB_ROUNDS
+from specdec.learn.lab import (LEVEL, MAX_LAB_ROUNDS, ChiSquare, FirstTokenLogits, HundredPoints, LabInputError,
+                               chi_square, resolve_repair, sample_rounds, total_variation)
 from specdec.core.sampling import SamplingConfig, warp
 from specdec.core import tree as tree_mod
 from specdec.core.verify import accept_ratio, residual_distribution
@@ -729,28 +725,6 @@ def describe_sampling(cfg: SamplingConfig) -> str:
 
 
 # ------------------------------------------------------------------------------------------ real models
-
-
-@dataclass
-class FirstTokenLogits:
-    """The raw next-token logits of both models at a prefix, as the engine's own code computes them."""
-
-    prompt_ids: list[int]
-    target: torch.Tensor  # [V] float32, cpu
-    draft: torch.Tensor  # [V] float32, cpu; -inf outside the draft's reduced head (as the drafter sees it)
-
-
-@torch.inference_mode()
-def first_token_logits(pair, prefix: str, chat: bool = False) -> FirstTokenLogits:
-    """Target and draft logits after the prefix through CachedLM and DraftModelDrafter's own cache (the engine's
-    code, unchanged), before any warp: the zoo needs them to rebuild each wrong construction."""
-    ids = encode_prompt(pair.tokenizer, prefix, chat)
-    target = CachedLM(pair.target, pair.vocab_size).logits_after(ids)[-1]
-    drafter = DraftModelDrafter(pair.draft, pair.vocab_size, head_vocab=resolve_draft_vocab(pair, None),
-                                always_keep=pair.eos_token_ids)
-    drafter.lm.keep_in_head(ids)  # as propose() does before its first step
-    draft = drafter.lm.logits_after(ids)[-1]
-    return FirstTokenLogits(ids, target.float().cpu(), draft.float().cpu())
 
 
 def reduce_construction(c: Construction, keep_top: int = 40) -> tuple[Construction, torch.Tensor]:
