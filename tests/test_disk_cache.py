@@ -127,3 +127,58 @@ def test_plain_steps_stay_within_their_share_of_the_run(no_eos):
     one = max(dec.plain_step_ms)
     assert len(dec.plain_step_ms) < len(rounds)
     assert spent <= 0.15 * sum(r.round_ms for r in rounds) + one + PLAIN_PROBE_MIN * one
+
+
+# ------------------------------------------------------------------------- kernel verdicts kept between processes
+# float32 layers: oneDNN packs them on every x86 CPU (bf16 packing needs AVX-512 or AVX-NE-CONVERT), and the
+# verdict machinery does not depend on the dtype.
+
+
+def _packed_model(n=80, k=128, layers=2, seed=0):
+    from torch import nn
+
+    from specdec.models.prepack import PrepackedLinear
+
+    torch.manual_seed(seed)
+    return nn.Sequential(*[PrepackedLinear.from_linear(nn.Linear(k, n if i % 2 == 0 else k, bias=False))
+                           for i in range(layers)])
+
+
+def test_kernel_verdicts_are_probed_once_then_read_and_give_the_same_bits(store, monkeypatch):
+    from specdec.models import prepack
+
+    monkeypatch.setattr(prepack, "_PROBED", {})
+    model = _packed_model()
+    first = prepack.check_widths(model, widths=[1, 2, 3])
+    assert first["probed"] == 6 and first["read"] == 0 and first["layers"] == 2
+    fresh = dict(prepack._PROBED)
+    monkeypatch.setattr(prepack, "_PROBED", {})  # a new process: only the disk remembers
+    monkeypatch.setattr(prepack, "widths_agree", lambda *a, **k: pytest.fail("probed again"))
+    again = _packed_model(seed=1)
+    second = prepack.check_widths(again, widths=[1, 2, 3])
+    assert second["probed"] == 0 and second["read"] == 6
+    assert prepack._PROBED == fresh
+    x = torch.randn(3, 128)
+    for layer in again:  # whichever kernel the verdicts pick, the bits are F.linear's
+        for rows in (1, 2, 3):
+            assert torch.equal(layer(x[:rows]), torch.nn.functional.linear(x[:rows], layer.weight))
+
+
+def test_a_corrupted_or_foreign_verdict_file_is_probed_again(store, monkeypatch):
+    from specdec.models import prepack
+
+    monkeypatch.setattr(prepack, "_PROBED", {})
+    prepack.check_widths(_packed_model(), widths=[1, 2])
+    (entry,) = (store / "kernels").glob("*.json")
+    doc = entry.read_text()
+    flipped = doc.replace("false", "TRUE_").replace("true", "false").replace("TRUE_", "true")
+    assert flipped != doc
+    entry.write_text(flipped)  # verdicts changed without their checksum: a corrupted entry
+    monkeypatch.setattr(prepack, "_PROBED", {})
+    assert prepack.check_widths(_packed_model(), widths=[1, 2])["probed"] == 4
+    # Another CPU or torch build has another identity, so another file: ours is not read for it.
+    real = prepack.kernel_identity
+    monkeypatch.setattr(prepack, "kernel_identity", lambda dtype: {**real(dtype), "torch": "0.0-elsewhere"})
+    monkeypatch.setattr(prepack, "_PROBED", {})
+    assert prepack.check_widths(_packed_model(), widths=[1, 2])["probed"] == 4
+    assert len(list((store / "kernels").glob("*.json"))) == 2

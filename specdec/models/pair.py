@@ -30,7 +30,7 @@ import torch
 from specdec.models.embedded import EMBEDDED, Progress, embedded_folder
 from specdec.models.embedded import say as _say
 from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
-from specdec.models.prepack import prepack, prepack_supported, prepacked
+from specdec.models.prepack import check_widths, prepack, prepack_supported, prepacked
 from specdec.models.quant import check_quant_support, quantize, resolve_quant
 from specdec.core.record import PairInfo
 from specdec.core.static_cache import resolve_engine
@@ -257,6 +257,8 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
         _say(progress, "prepacking the linear layers for the CPU")
         prepack(pair.target)
         prepack(pair.draft)  # a quantized draft has no float linear layers left
+        for model in (pair.target, pair.draft):
+            check_widths(model, say=lambda m: _say(progress, m))
     return pair
 
 

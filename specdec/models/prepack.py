@@ -1,44 +1,44 @@
-"""Prepacked linear layers for CPU passes: the same numbers as `nn.Linear`, read at about twice the speed.
+"""Prepacked linear layers for CPU passes: the same numbers as `nn.Linear`, read faster.
 
 A decode step or a verify pass multiplies a few rows of activations by every weight matrix once, so it is bound by
-reading weights. On this project's 2-core CPU (AMD EPYC, AVX-512 with bf16) torch's bf16 `F.linear` read a
-[8960, 1536] weight at ~10-12 GB/s for 1-5 rows, while the same matmul through oneDNN with the weight reordered
-once into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise`: what inductor's
-CPU weight prepacking calls) read it at ~21-27 GB/s -- and, for bias-free layers, gave the same bits as `F.linear`
-at every width tried (1 to 64 rows on the embedded target's shapes). That is a property of the CPU, not a promise:
-on a Xeon with AMX some widths add in another order, so each (shape, width) is checked once with a probe that shows
-any difference in order (`kernels_agree`), and a width that differs runs on `F.linear` (`tests/test_prepack.py`
-checks layers, whole models and the real pair). Over more rows the matmul is compute-bound and packing gains
-nothing, so passes wider than PREPACK_ROWS (a prompt's prefill) keep `F.linear`. On the embedded target
-(interleaved, median of 7, after a 300-token prompt) a one-token step took 261 ms on F.linear and 234 ms prepacked
-(1.12x), a 5-token verify pass 287 and 173 ms (1.66x), a 17-token pass 386 and 282 ms (1.37x), logits
-bit-identical each time.
+reading weights. oneDNN's matmul with the weight reordered once into its blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight`, then `_linear_pointwise`: what inductor's CPU weight prepacking calls)
+reads bf16 weights at about twice the rate of `F.linear` for a few rows (docs/performance.md has the figures).
+
+Prepacking never changes a number. Whether the packed kernel adds a product in the same order as `F.linear` is a
+property of the CPU and the pass width, so every (shape, width) is checked with a probe that shows any difference
+in summation order (`kernels_agree`); a width that differs runs on `F.linear`. `check_widths` settles every width a
+narrow pass can have when a pair loads and keeps the verdicts on disk per CPU, torch build and dtype
+(`specdec.models.disk_cache`), so no visitor's run pays a check. Over PREPACK_ROWS rows (a prompt's prefill) the
+matmul is compute-bound and packing gains nothing, so those passes keep `F.linear`.
 
 `prepack(model)` swaps every bias-free `nn.Linear` of a CPU model in bfloat16 for a `PrepackedLinear` that keeps the
 original weight (shared, not copied: the output head may be tied to the input embeddings) beside its packed copy, so a
 prepacked model holds its linear weights twice. The swap is made when a pair loads (`models.pair`, on a CPU in
-bfloat16; SPECDEC_PREPACK=0 turns it off).
-
-`plain_kernels()` runs the block inside it on `F.linear` again: the benchmarks run transformers' own loops in it, so
-that "transformers" there means transformers as it ships, not transformers on this engine's kernels.
+bfloat16; SPECDEC_PREPACK=0 turns it off). `plain_kernels()` runs the block inside it on `F.linear` again: the
+benchmarks run transformers' own loops in it, so that "transformers" there means transformers as it ships.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import platform
+from pathlib import Path
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
 from torch import nn
 
+from specdec.models import disk_cache
+
 PREPACK_DTYPES = (torch.bfloat16,)  # fp32 measured no faster packed; fp16 is not packed for the CPU here
 PREPACK_ROWS = 64  # passes over more rows than this use F.linear (compute-bound: packing measured no gain)
 PREPACK_MIN_ROWS = 256  # select_rows packs a row subset of at least this many rows (fewer: plain weight rows)
 PREPACK_HINT = 1  # the batch size the weight is reordered for (a hint to oneDNN; every row count works)
 _PLAIN = ContextVar("specdec_plain_kernels", default=False)
-_SAME_BITS: dict[tuple[int, int, int, bool], bool] = {}  # (N, K, rows, bias) -> packed gave F.linear's bits
+_PROBED: dict[tuple[int, int, int, bool], bool] = {}  # (N, K, rows, bias) -> the kernels add in the same order
 PROBE_SCALE = 2.0 ** 20  # the cancelling weight entries: a running sum near it rounds to 1/8
 PROBE_PAIRS = 8  # cancelling column pairs per probe
 PROBE_BASE_ROWS = 256  # distinct random weight rows a probe tiles
@@ -72,31 +72,117 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
 
 
+def _probe_weight(n: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight [n, k], the column pairs [2, PROBE_PAIRS]) of a cancelling probe; see cancelling_probe."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(min(n, PROBE_BASE_ROWS), k, generator=gen)
+    cols = torch.randperm(k, generator=gen)[: 2 * min(PROBE_PAIRS, k // 2)].view(2, -1)
+    sign = torch.randint(0, 2, (base.shape[0], 1), generator=gen).float() * 2 - 1
+    base[:, cols[0]], base[:, cols[1]] = PROBE_SCALE * sign, -PROBE_SCALE * sign
+    return base.to(dtype).repeat(-(-n // base.shape[0]), 1)[:n].contiguous(), cols
+
+
+def _probe_input(cols: torch.Tensor, k: int, rows: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """An input [rows, k] equal in each column pair of `cols`, so the probe's paired products cancel exactly."""
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed))
+    x[:, cols[1]] = x[:, cols[0]]
+    return x.to(dtype)
+
+
 def cancelling_probe(n: int, k: int, rows: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16):
     """A weight [n, k] and an input [rows, k] whose products cancel in pairs of columns: column pair (i, j) holds
     +-2^20 in the weight and equal values in the input, so each output's exact sum is unchanged, while a running
     sum carries ~2^20 from one column of a pair to the other and rounds every product added meanwhile to ~1/8.
     bf16 products are exact in fp32, so a kernel's output depends only on the order it adds them; two kernels
-    that add in different orders then differ in most outputs (36-80% measured), two that add in the same order
-    agree in all. Random inputs expose the same differences in ~10^-4 of outputs (some widths in 2 of 10 draws).
-    The weight tiles PROBE_BASE_ROWS random rows: cheap to build for a 151,936-row head."""
-    gen = torch.Generator().manual_seed(seed)
-    base = torch.randn(min(n, PROBE_BASE_ROWS), k, generator=gen)
-    x = torch.randn(rows, k, generator=gen)
-    cols = torch.randperm(k, generator=gen)[: 2 * min(PROBE_PAIRS, k // 2)].view(2, -1)
-    x[:, cols[1]] = x[:, cols[0]]
-    sign = torch.randint(0, 2, (base.shape[0], 1), generator=gen).float() * 2 - 1
-    base[:, cols[0]], base[:, cols[1]] = PROBE_SCALE * sign, -PROBE_SCALE * sign
-    weight = base.to(dtype).repeat(-(-n // base.shape[0]), 1)[:n].contiguous()
-    return weight, x.to(dtype)
+    that add in different orders then differ in most outputs, two that add in the same order agree in all (random
+    inputs show such a difference in only a tiny share of outputs). The weight tiles PROBE_BASE_ROWS random rows:
+    cheap to build for a 151,936-row head."""
+    weight, cols = _probe_weight(n, k, seed, dtype)
+    return weight, _probe_input(cols, k, rows, seed + 1, dtype)
 
 
 def kernels_agree(n: int, k: int, rows: int, bias: bool, dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether the packed kernel and F.linear add a [rows, k] x [k, n] product in the same order (same bits),
     tried on a `cancelling_probe` with a random bias when the layer has one."""
-    weight, x = cancelling_probe(n, k, rows, seed=rows, dtype=dtype)
+    return widths_agree(n, k, [rows], bias, dtype)[rows]
+
+
+def widths_agree(n: int, k: int, widths, bias: bool, dtype: torch.dtype = torch.bfloat16) -> dict[int, bool]:
+    """kernels_agree for several pass widths of one shape, building and packing the probe's weight once."""
+    weight, cols = _probe_weight(n, k, 0, dtype)
+    packed = _pack(weight)
     b = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype) if bias else None
-    return bool(torch.equal(packed_linear(x, _pack(weight), b), nn.functional.linear(x, weight, b)))
+    out = {}
+    for rows in widths:
+        x = _probe_input(cols, k, rows, rows, dtype)
+        out[rows] = bool(torch.equal(packed_linear(x, packed, b), nn.functional.linear(x, weight, b)))
+    return out
+
+
+# ---------------------------------------------------------------------------- verdicts kept between processes
+
+
+def kernel_identity(dtype: torch.dtype) -> dict:
+    """What a kernel verdict is a function of: the CPU (model name and flags), the torch build (its oneDNN
+    among it), the dtype and the probe."""
+    cpu = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "flags", "vendor_id", "cpu family", "model", "stepping") and key not in cpu:
+                cpu[key] = " ".join(sorted(value.split())) if key == "flags" else value.strip()
+    except OSError:
+        cpu["machine"] = platform.processor() or platform.machine()
+    build = [line.strip() for line in torch.__config__.show().splitlines() if "onednn" in line.lower()]
+    return {"cpu": cpu, "torch": torch.__version__, "onednn": build, "dtype": str(dtype),
+            "probe": [PROBE_SCALE, PROBE_PAIRS, PROBE_BASE_ROWS, 1]}
+
+
+def _verdicts_path(identity: dict) -> Path:
+    return disk_cache.store_dir("kernels") / f"{disk_cache.digest(identity)[:32]}.json"
+
+
+def _key(n: int, k: int, rows: int, bias: bool) -> str:
+    return f"{n}x{k}x{rows}{'b' if bias else ''}"
+
+
+def check_widths(model: nn.Module, widths=None, say=None) -> dict[str, int]:
+    """Settle, before any run, which pass widths of every PrepackedLinear shape in `model` may use the packed
+    kernel: verdicts read from the disk cache (this CPU, this torch build, this dtype) or probed now and written
+    there; then each layer's own packing checked once. After this, no pass of at most PREPACK_ROWS rows runs a
+    check. Returns counts: verdicts read, probed, and layers checked."""
+    widths = list(widths or range(1, PREPACK_ROWS + 1))
+    layers = [m for m in model.modules() if isinstance(m, PrepackedLinear)]
+    counts = {"read": 0, "probed": 0, "layers": 0}
+    by_dtype: dict[torch.dtype, list[PrepackedLinear]] = {}
+    for m in layers:
+        by_dtype.setdefault(m.weight.dtype, []).append(m)
+    for dtype, group in by_dtype.items():
+        identity = kernel_identity(dtype)
+        path = _verdicts_path(identity)
+        stored = disk_cache.read_json(path, identity) or {}
+        known = {key: v for key, v in stored.items() if isinstance(v, bool)}
+        shapes = sorted({(m.out_features, m.in_features, m.bias is not None) for m in group})
+        fresh = 0
+        for n, k, bias in shapes:
+            todo = [w for w in widths if _key(n, k, w, bias) not in known]
+            counts["read"] += len(widths) - len(todo)
+            if todo:
+                if say:
+                    say(f"checking the packed kernels on this CPU: [{n}, {k}] at {len(todo)} pass widths (once)")
+                for w, same in widths_agree(n, k, todo, bias, dtype).items():
+                    known[_key(n, k, w, bias)] = same
+                fresh += len(todo)
+            for w in widths:
+                _PROBED[(n, k, w, bias)] = known[_key(n, k, w, bias)]
+        counts["probed"] += fresh
+        if fresh:
+            disk_cache.write_json(path, identity, known)
+        for m in group:
+            m.packing_ok()
+            counts["layers"] += 1
+    return counts
 
 
 class PrepackedLinear(nn.Linear):
@@ -111,6 +197,7 @@ class PrepackedLinear(nn.Linear):
         self.bias = bias
         # A plain attribute: an opaque oneDNN tensor, not part of the state dict; None until packed.
         self.packed = _pack(weight) if pack else None
+        self._packing_ok: bool | None = None  # packing_ok's verdict, once made
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "PrepackedLinear":
@@ -130,21 +217,32 @@ class PrepackedLinear(nn.Linear):
     def same_bits(self, rows: int) -> bool:
         """Whether passes of `rows` rows through the packed weight give F.linear's bits. oneDNN and F.linear may
         sum in different orders for some widths on some CPUs (on a Xeon with AMX: 33 and 64 rows on every shape of
-        the embedded target, 1, 2, 3 and 5 rows on its MLP down projection). Checked once per (shape, width):
-        `kernels_agree` on a probe that exposes any difference in summation order, then this layer's own packing
-        on a random input (a stale or wrong packing). A width that fails runs on F.linear: prepacking never
-        changes a number."""
+        the embedded target, 1, 2, 3 and 5 rows on its MLP down projection). Two checks, each made once: the
+        kernels at this (shape, width), on a probe that exposes any difference in summation order (`check_widths`
+        settles every width at load and keeps the verdicts on disk; a width it has not seen is probed here), and
+        this layer's own packing (`packing_ok`). A width that fails runs on F.linear: prepacking never changes a
+        number."""
         key = (self.out_features, self.in_features, rows, self.bias is not None)
-        same = _SAME_BITS.get(key)
+        same = _PROBED.get(key)
         if same is None:
-            same = kernels_agree(*key, dtype=self.weight.dtype)
-            if same:
-                gen = torch.Generator().manual_seed(rows)
-                x = torch.randn(rows, self.in_features, generator=gen).to(self.weight.dtype)
-                same = bool(torch.equal(packed_linear(x, self.packed, self.bias),
-                                        nn.functional.linear(x, self.weight, self.bias)))
-            _SAME_BITS[key] = same
-        return same
+            same = _PROBED[key] = kernels_agree(*key, dtype=self.weight.dtype)
+        return same and self.packing_ok()
+
+    def packing_ok(self) -> bool:
+        """Whether this layer's packed copy is its weight's (a stale or wrong packing): once, on a random input of
+        the first width whose kernels agree."""
+        if self._packing_ok is None:
+            if self.packed is None:
+                self.packed = _pack(self.weight)
+            rows = next((r for (n, k, r, b), same in sorted(_PROBED.items())
+                         if same and (n, k, b) == (self.out_features, self.in_features, self.bias is not None)), None)
+            if rows is None:
+                return False  # no width of this shape agrees (or none checked yet): nothing to use the packing for
+            gen = torch.Generator().manual_seed(rows)
+            x = torch.randn(rows, self.in_features, generator=gen).to(self.weight.dtype)
+            self._packing_ok = bool(torch.equal(packed_linear(x, self.packed, self.bias),
+                                                nn.functional.linear(x, self.weight, self.bias)))
+        return self._packing_ok
 
     def select_rows(self, rows) -> "PrepackedLinear | torch.Tensor":
         """The output rows `rows` (a slice or an index tensor) as a layer of their own, for a reduced vocabulary
