@@ -1,7 +1,9 @@
-"""Shared fixtures: the tiny random-weight pair, the real default pair, and the app running in a subprocess."""
+"""Shared fixtures: the tiny random-weight pair, the real default pair, and the app running in a subprocess; and the
+check that a test using what a tier costs (the app in a subprocess, Chromium, the real pair) carries its marker."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import subprocess
@@ -20,6 +22,92 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+# ------------------------------------------------------------------------------------------------ test tiers
+
+# pyproject.toml's markers say what a test costs, and its default -m filter leaves all of them out (the fast tier).
+# A test that uses one of these fixtures, directly or through another fixture, must carry the marker; so must one
+# whose fixture calls start_app. The check runs on every collected test before -m deselects any: a test missing a
+# marker fails at setup, before its fixtures start anything, and tests/test_tiers.py fails when any collected test
+# (run or deselected) misses one. At run time start_app and the embedded models' loading refuse to work for a test
+# without the marker, which catches what no fixture name shows (a call from a test body, a new fixture).
+TIER_FIXTURES: dict[str, frozenset[str]] = {
+    "slow": frozenset({"real_pair_fp32", "real_greedy"}),
+    "browser": frozenset({"browser", "page"}),
+    "app": frozenset({"app_url"}),
+}
+TIER_MISSING = pytest.StashKey[dict]()  # nodeid -> the markers that test lacks, over everything collected
+_running: list = []  # the test whose setup, call or teardown runs now
+
+
+def fixture_tiers(name: str, func) -> set[str]:
+    """The markers a test using fixture `name` (whose function is `func`) must carry."""
+    tiers = {tier for tier, names in TIER_FIXTURES.items() if name in names}
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):  # a fixture without Python source (a plugin's, built in C): none of ours
+        source = ""
+    if "start_app(" in source:
+        tiers.add("app")
+    return tiers
+
+
+def missing_tier_markers(item) -> list[str]:
+    """The tier markers `item` lacks for the fixtures it uses (all of them, through other fixtures too)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:  # not a Python test function: no fixtures
+        return []
+    need: set[str] = set()
+    for name in item.fixturenames:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            need |= fixture_tiers(name, fixturedef.func)
+    return sorted(tier for tier in need if item.get_closest_marker(tier) is None)
+
+
+def require_tier(tier: str, what: str) -> None:
+    """Fail the running test unless it is marked `tier`; `what` says what it was about to do."""
+    item = _running[0] if _running else None
+    if item is not None and item.get_closest_marker(tier) is None:
+        pytest.fail(f"{item.nodeid} {what} but is not marked {tier}: add @pytest.mark.{tier} "
+                    "(pyproject.toml's markers say what each tier costs)", pytrace=False)
+
+
+def _guard_embedded_models() -> None:
+    """Make the pair loader's embedded-model lookup (the real Qwen pair's weights) call require_tier("slow")."""
+    from specdec.models import pair
+
+    if getattr(pair.embedded_folder, "tier_guard", False):
+        return
+
+    def embedded_folder(slug, progress=None):
+        require_tier("slow", f"loads the embedded model {slug!r}")
+        return embedded_folder.wrapped(slug, progress)
+
+    embedded_folder.tier_guard, embedded_folder.wrapped = True, pair.embedded_folder
+    pair.embedded_folder = embedded_folder
+
+
+@pytest.hookimpl(tryfirst=True)  # before the -m filter deselects anything
+def pytest_collection_modifyitems(config, items):
+    config.stash[TIER_MISSING] = {item.nodeid: missing for item in items if (missing := missing_tier_markers(item))}
+
+
+def pytest_collection_finish(session):
+    _guard_embedded_models()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running[:] = [item]
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures are set up
+def pytest_runtest_setup(item):
+    missing = item.config.stash.get(TIER_MISSING, {}).get(item.nodeid)
+    if missing:
+        pytest.fail(f"{item.nodeid} uses what the {', '.join(missing)} tier costs but is not marked "
+                    f"{' and '.join(missing)}: add {' '.join(f'@pytest.mark.{m}' for m in missing)}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +175,8 @@ def free_port() -> int:
 
 
 def start_app(env_extra: dict, log_path: Path, timeout: float = 180.0):
-    """Start `python app.py` on a free port; return (process, url) once the page answers."""
+    """Start `python app.py` on a free port; return (process, url) once the page answers. Only for tests marked app."""
+    require_tier("app", "boots the app in a subprocess")
     port = free_port()
     env = dict(os.environ, GRADIO_SERVER_PORT=str(port), **env_extra)
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import ARTIFACTS, free_port
 
+pytestmark = pytest.mark.app  # every test here talks to the app in a subprocess
+
 ROUNDS = "#sd-tokens .rnd"
 HAS_MIXED_ROUNDS = """() => {
   const t = document.querySelector('#sd-tokens');

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import ARTIFACTS
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 P_VALUE = re.compile(r"p-value = ([0-9.eE+-]+)")
 

@@ -14,7 +14,7 @@ import pytest
 from specdec.prompts import GROUNDED
 from tests.conftest import ARTIFACTS, ROOT, start_app, stop_app
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 SHOT = ROOT / "docs" / "screenshots" / "race.png"
 ALL_DONE = """() => {

@@ -16,7 +16,7 @@ from components.zoo import ZOO_CHOICES
 from specdec.learn import zoo
 from tests.test_browser_learn import _open_learn, _record_a_run, _wait_text
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
 LABELS = {key: label for label, key in ZOO_CHOICES}
 EXPECTED = {key: "exact" if key == "none" else ("hidden" if key == "bf16-draw" else "caught") for key in zoo.ENTRIES}

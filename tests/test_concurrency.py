@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import ARTIFACTS, start_app, stop_app
 
+pytestmark = pytest.mark.app
 N_SESSIONS = 8
 CONCURRENCY = 2  # the app's default SPECDEC_CONCURRENCY: six of the eight sessions wait in the queue at first
 MAX_NEW = 48

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import ARTIFACTS, start_app, stop_app
 
+pytestmark = pytest.mark.app
 CALL_TIMEOUT_S = 90.0
 EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "60"))  # random calls after the fixed edge cases
 N_CLIENTS = 3  # calls share sessions, so Step after an import, Stop during nothing, etc. all happen

@@ -12,6 +12,7 @@ from specdec.io.trace import load_trace_file
 from tests.conftest import ARTIFACTS
 from tests.test_browser import ROUNDS, open_app, set_controls, settle, wait_status
 
+pytestmark = pytest.mark.app  # both tests talk to the app in a subprocess
 EXPORT = "#sd-export"
 
 

@@ -286,6 +286,7 @@ def test_the_tree_switch_runs_tree_rounds_and_off_keeps_the_chain(pg):
 
 
 @pytest.mark.browser
+@pytest.mark.app
 def test_a_tree_round_in_the_real_app(page, app_url):
     from tests.conftest import ARTIFACTS
     from tests.test_browser import open_app, set_controls, wait_status
