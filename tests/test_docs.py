@@ -207,3 +207,12 @@ def test_the_readme_names_every_test_tier():
     development = README.read_text(encoding="utf-8").split("## Development", 1)[1].split("\n## ", 1)[0]
     missing = [m for m in markers if f"`{m}`" not in development]
     assert not missing, f"README's Development section does not name the markers {missing}"
+
+
+def test_every_environment_variable_the_code_reads_is_in_deploy_md():
+    code = " ".join(f.read_text(encoding="utf-8") for folder in ("specdec", "ui", "components")
+                    for f in (ROOT / folder).rglob("*.py")) + (ROOT / "app.py").read_text(encoding="utf-8")
+    names = set(re.findall(r"\bSPECDEC_[A-Z_]+[A-Z]\b", code))
+    page = (DOCS / "deploy.md").read_text(encoding="utf-8")
+    missing = sorted(n for n in names if f"`{n}`" not in page)
+    assert not missing, f"docs/deploy.md's table of environment variables lacks {missing}"
