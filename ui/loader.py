@@ -94,7 +94,7 @@ def validate_request(req: PairRequest, max_params: float = DEFAULT_MAX_PARAMS, a
             check_size(inspect_model(model_id, role, allow_local), max_params)
 
 
-def measure_costs(pair: ModelPair, repeats: int = 2) -> StepCosts:
+def measure_costs(pair: ModelPair, repeats: int = 1) -> StepCosts:
     """Plain per-token cost of each model; the minimum over repeats, since other load only ever adds time."""
     runs = [measure_step_costs(pair) for _ in range(repeats)]
     return StepCosts(min(r.target_ms for r in runs), min(r.draft_ms for r in runs))
@@ -109,8 +109,10 @@ class PairLoader:
     """
 
     def __init__(self, dtype: str = "auto", device: str = "auto", *, max_params: float = DEFAULT_MAX_PARAMS,
-                 allow_local: bool = True, measure: bool = True):
+                 allow_local: bool = True, measure: bool = True, echo: bool = True):
+        """echo: print each loading step on stderr too (the terminal's view of the page's progress)."""
         self.dtype, self.device = dtype, device
+        self.echo = echo
         self.max_params, self.allow_local, self.measure = max_params, allow_local, measure
         self._jobs: dict[PairRequest, LoadJob] = {}
         self._lock = threading.Lock()
@@ -149,12 +151,14 @@ class PairLoader:
 
         def progress(msg: str) -> None:
             job.message = msg
+            if self.echo:  # the terminal shows the same steps as the page's badge
+                print(f"[specdec] {time.time() - t0:5.1f} s  {req.label}: {msg}", file=sys.stderr, flush=True)
 
         try:
             if req.target or req.draft:
                 job.message = "checking the custom model ids (config, size, vocabulary) before downloading"
                 validate_request(req, self.max_params, self.allow_local)
-            job.message = f"loading model pair {req.label}"
+            progress(f"loading model pair {req.label}")
             job.pair = load_pair(req.name, target=req.target or None, draft=req.draft or None,
                                  dtype=self.dtype, device=self.device, progress=progress)
             job.message = f"loaded in {time.time() - t0:.0f} s"
@@ -169,12 +173,12 @@ class PairLoader:
             job.measured.set()
             return
         try:
-            job.message = "waiting for the server to start before timing the models"
+            progress("waiting for the server to start before timing the models")
             self.quiet.wait(timeout=120)
-            job.message = "measuring the plain per-token cost of both models"
+            progress("measuring the plain per-token cost of both models")
             job.costs = measure_costs(job.pair)
             job.measured_at = time.time()
-            job.message = f"models ready in {time.time() - t0:.0f} s"
+            progress(f"models ready in {time.time() - t0:.1f} s")
         except Exception:  # noqa: BLE001 - without costs the app still runs, only the speedup lines are missing
             traceback.print_exc(file=sys.stderr)
         finally:

@@ -131,7 +131,7 @@ class Playground:
             render_status(kind, message),
             tokens,
             render_phases(rounds[-1] if rounds else None),
-            render_stats(rec.metrics if rounds else None, rec.baseline_steps),
+            render_stats(rec.metrics if rounds else None, rec.baseline_steps if rounds else 0),
             pq,
             speed,
             round_dd,
@@ -202,14 +202,17 @@ class Playground:
             return session.live_rounds(run)
         if not self.detached:
             # plain_probe: the measured speedup divides by plain steps timed beside this run, under the same load
-            session.start(SpeculativeDecoder(job.pair, controls.prompt, settings, plain_probe=True), job)
+            # history: this session's own earlier outputs, for the suffix drafter (ui/session.Session.earlier_texts)
+            session.start(SpeculativeDecoder(job.pair, controls.prompt, settings, plain_probe=True,
+                                             history=session.earlier_texts()), job)
             return session.live_rounds(run)
         pair, req = job.pair, job.request
         # The tokenizer is all this needs, so a bad prompt fails here without asking for a GPU.
         prompt_ids = encode_prompt(pair.tokenizer, controls.prompt, settings.chat)
+        history = session.earlier_texts()
         session.start(None, job, RunRecord(controls.prompt, prompt_ids, settings, PairInfo.of(pair), costs=job.costs))
         events = gpu_run.decode_rounds(req.name, req.target, req.draft, self.loader.dtype, self.loader.device,
-                                       controls.prompt, settings, job.costs is None)
+                                       controls.prompt, settings, job.costs is None, history)
         return session.worker_rounds(run, events)
 
     # -- streaming -------------------------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""What a new visitor meets: start `python app.py` as a user does and measure the first minutes.
+
+Reports (JSON on stdout, and to --out):
+- seconds until the page answers and until the model pair is ready (the loader's "models ready" line), and the
+  app's RSS at that moment;
+- the playground's first example (its prompt and settings, through /generate), run twice: wall time of each run,
+  and the measured speedup the stats panel shows (against plain steps timed between the run's rounds);
+- the Race tab on the same prompt and settings (/race, a plain lane and the example's drafter taking turns):
+  that lane's stopwatch speedup over the plain lane.
+
+    python scripts/first_run.py                 # the app's default pair
+    python scripts/first_run.py --pair tiny     # the random-weight test pair (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+READY = re.compile(r"models ready in ([0-9.]+) s")
+TEXT, STATS = 8, 3  # positions of the text and the stats panel among /generate's API outputs (app.py `outputs`, less its gr.State ones)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def stat_value(stats_html: str, key: str) -> str | None:
+    """The value of one cell of the stats panel (components.stats: data-stat="key")."""
+    m = re.search(rf'data-stat="{re.escape(key)}"[^>]*>\s*<div class="sd-stat-value">([^<]*)</div>', stats_html)
+    return html.unescape(m.group(1)) if m else None
+
+
+def speedup_of(stats_html: str) -> float | None:
+    value = stat_value(stats_html, "speedup")
+    return float(value.rstrip("×")) if value else None
+
+
+def baseline_ms_of(stats_html: str) -> float | None:
+    """The plain ms per token the stats panel's measured speedup divided by (its footer says it)."""
+    m = re.search(r"plain target cost: [^:<]*: ([0-9.]+) ms/token", html.unescape(stats_html))
+    return float(m.group(1)) if m else None
+
+
+def lane_speedup(summary: dict, drafter: str) -> float | None:
+    for lane in summary.get("lanes", []):
+        if lane.get("drafter") == drafter and lane.get("lane", 0) > 0:
+            return lane.get("speedup")
+    return None
+
+
+def wait_ready(proc: subprocess.Popen, log: Path, url: str, timeout: float) -> tuple[float, float]:
+    """(seconds until the page answered, seconds until the loader said the models are ready)."""
+    t0, page = time.time(), None
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if page is None:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        page = time.time() - t0
+            except OSError:
+                pass
+        if READY.search(log.read_text(errors="replace")):
+            return page if page is not None else time.time() - t0, time.time() - t0
+        time.sleep(0.25)
+    raise RuntimeError(f"not ready within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def example_controls(example: dict, pair: str, max_new: int) -> list:
+    """/generate's inputs for an example: the first eleven controls and the drafter (app.py `control_inputs`)."""
+    return [example["prompt"], example["chat"], example["gamma"], max_new, example["temperature"], 0, 1.0, 0,
+            pair, "", "", example["drafter"]]
+
+
+def measure(pair: str | None, max_new: int, timeout: float, log: Path) -> dict:
+    from gradio_client import Client
+
+    from specdec.prompts import GROUNDED
+
+    example = GROUNDED[0]
+    port = free_port()
+    env = dict(os.environ, GRADIO_SERVER_PORT=str(port), GRADIO_ANALYTICS_ENABLED="False")
+    if pair:
+        env["SPECDEC_PAIR"] = pair
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        page_s, ready_s = wait_ready(proc, log, url, timeout)
+        ready_rss = rss_mib(proc.pid)
+        client = Client(url, verbose=False)
+        name = pair or re.search(r"loading model pair (\S+)", log.read_text()).group(1)
+        runs = []
+        for _ in range(2):
+            t = time.perf_counter()
+            outs = client.predict(*example_controls(example, name, max_new), api_name="/generate")
+            wall = time.perf_counter() - t
+            runs.append({"wall_s": round(wall, 3), "speedup_shown": speedup_of(outs[STATS]),
+                         "plain_ms_per_token": baseline_ms_of(outs[STATS]), "text": outs[TEXT]})
+        lanes = f"{example['drafter']}:{example['gamma']}"
+        race = client.predict(example["prompt"], example["chat"], lanes, max_new, example["temperature"], 0,
+                              api_name="/race")[2]
+        rss_after = rss_mib(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    first, second = runs
+    race_speedup = lane_speedup(race, example["drafter"])
+    return {
+        "pair": name, "example": example["label"], "max_new_tokens": max_new,
+        "page_s": round(page_s, 1), "ready_s": round(ready_s, 1), "rss_ready_mib": round(ready_rss),
+        "rss_after_mib": round(rss_after),
+        "first_run": {k: v for k, v in first.items() if k != "text"},
+        "second_run": {k: v for k, v in second.items() if k != "text"},
+        "first_over_second_wall": round(first["wall_s"] / second["wall_s"], 3) if second["wall_s"] else None,
+        "same_text": first["text"] == second["text"],
+        "race_lane_speedup": race_speedup,
+        "shown_over_race": (round(second["speedup_shown"] / race_speedup, 3)
+                            if race_speedup and second["speedup_shown"] else None),
+        "cpu": cpu_name(),
+    }
+
+
+def cpu_name() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    name = re.search(r"model name\s*:\s*(.*)", info)
+    flags = set((re.search(r"flags\s*:\s*(.*)", info) or re.match("", "")).group(0).split())
+    extra = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
+    return f"{name.group(1).strip() if name else 'unknown'} ({', '.join(extra) or 'no AVX2'})"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", default=None, help="SPECDEC_PAIR for the app (default: the app's own default)")
+    ap.add_argument("--max-new", type=int, default=64, help="tokens per run (the playground's default: 64)")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the pair to be ready")
+    ap.add_argument("--out", default=str(ROOT / "bench-results" / "first-run.json"))
+    ap.add_argument("--log", default=str(ROOT / "bench-results" / "first-run-app.log"))
+    args = ap.parse_args(argv)
+    result = measure(args.pair, args.max_new, args.timeout, Path(args.log))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

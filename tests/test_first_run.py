@@ -1,0 +1,51 @@
+"""The parts of scripts/first_run.py (what a new visitor meets): reading the stats panel and the race summary the
+app really renders, and the /generate inputs it sends for the first example."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from components.stats import render_stats
+from specdec.core.settings import DecodeSettings
+from specdec.loop.decoder import SpeculativeDecoder
+from specdec.loop.race import Race, parse_lanes
+from specdec.prompts import GROUNDED
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("first_run", ROOT / "scripts" / "first_run.py")
+first_run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(first_run)
+
+
+def test_the_speedup_and_its_plain_cost_are_read_from_the_rendered_stats_panel(tiny_pair):
+    dec = SpeculativeDecoder(tiny_pair, "hello hello hello", DecodeSettings(max_new_tokens=16), plain_probe=True)
+    for _ in dec:
+        pass
+    rec = dec.record()
+    m = rec.metrics
+    panel = render_stats(m, rec.baseline_steps)
+    assert first_run.speedup_of(panel) == round(m.speedup, 2)
+    assert first_run.baseline_ms_of(panel) == round(1e3 / m.baseline_tok_s)
+    assert f"median of {rec.baseline_steps} plain decoding step" in panel
+    assert first_run.speedup_of(render_stats(None)) is None
+
+
+def test_the_race_lane_of_the_examples_drafter_is_found(tiny_pair):
+    example = GROUNDED[0]
+    lanes = parse_lanes(f"model:2, {example['drafter']}:{example['gamma']}")
+    race = Race(tiny_pair, "a b a b a b", DecodeSettings(max_new_tokens=8), lanes)
+    for _ in race:
+        pass
+    summary = race.summary()
+    want = next(lane["speedup"] for lane in summary["lanes"] if lane["drafter"] == example["drafter"])
+    assert first_run.lane_speedup(summary, example["drafter"]) == want is not None
+    assert first_run.lane_speedup(summary, "cross") is None
+
+
+def test_the_first_example_is_sent_with_its_own_settings():
+    example = GROUNDED[0]
+    controls = first_run.example_controls(example, "default", 64)
+    assert controls[:5] == [example["prompt"], example["chat"], example["gamma"], 64, example["temperature"]]
+    assert controls[8] == "default" and controls[11] == example["drafter"]
+    assert first_run.READY.search("[specdec]  3.1 s  default: models ready in 12.5 s").group(1) == "12.5"
