@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specdec.core.settings import DRAFTER_LABELS
-from specdec.learn.breakeven import Costs, PlacedRun, best_gamma, break_even_alpha, delay_ms, speedup_grid
+from specdec.learn.breakeven import Costs, PlacedRun, best_gamma, delay_ms, measured_break_even, speedup_grid
 
 from .style import COLORS, axis, empty_figure, layout
 
@@ -123,7 +123,7 @@ def advice_html(costs: Costs, drafter: str, runs: Sequence[PlacedRun]) -> str:
     lines = []
     for g in (1, 4, 8):
         if g <= costs.max_gamma and drafter in costs.draft_ms:
-            a = break_even_alpha(costs, drafter, g)
+            a = measured_break_even(costs, drafter, g)
             lines.append(f"γ = {g}: {'never pays off here' if a is None else f'pays off above α ≈ {a:.2f}'}")
     head = (f'<p class="learn-note">Break-even for the {html.escape(DRAFTER_LABELS.get(drafter, drafter))}: '
             f"{'; '.join(lines)}.</p>") if lines else ""

@@ -19,8 +19,8 @@ from plotly.colors import sample_colorscale
 from specdec.core import events
 from specdec.core.events import Round
 from specdec.learn.lab import RunPoint, speedup_curve
-from specdec.core.metrics import (PHASES, StepCosts, TimeBreakdown, alpha_estimate, loop_cost_ratio, predict_speedup,
-                                  running_speedup)
+from specdec.core.metrics import PHASES, StepCosts, TimeBreakdown, alpha_estimate, loop_cost_ratio, running_speedup
+from specdec.core.speedup import run_predicted_speedup
 
 from .style import COLORS, axis, empty_figure, figure  # noqa: F401  (empty_figure: re-exported for older imports)
 from .tokens import fmt_prob, piece_html, visible_piece
@@ -214,7 +214,7 @@ def running_alpha(rounds: list[Round]) -> list[float]:
 
 
 def running_predicted(rounds: list[Round], costs: StepCosts | None) -> list[float | None]:
-    """The predicted speedup after each round, by the one convention (metrics.predict_speedup): per-token alpha,
+    """The predicted speedup after each round, by the one convention (speedup.run_predicted_speedup): per-token alpha,
     the mean draft length so far, c_loop from the rounds' timings (c_plain from `costs` as the fallback)."""
     c_plain = costs.c_plain if costs and costs.target_ms and costs.draft_ms else None
     out, drafted, draft_ms, verify_ms = [], 0, 0.0, 0.0
@@ -222,7 +222,7 @@ def running_predicted(rounds: list[Round], costs: StepCosts | None) -> list[floa
         drafted += r.gamma
         draft_ms += r.draft_ms
         verify_ms += r.verify_ms
-        out.append(predict_speedup(alpha, drafted / n, loop_cost_ratio(draft_ms, drafted, verify_ms, n), c_plain))
+        out.append(run_predicted_speedup(alpha, drafted / n, loop_cost_ratio(draft_ms, drafted, verify_ms, n), c_plain))
     return out
 
 

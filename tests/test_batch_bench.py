@@ -12,7 +12,7 @@ from components import batch as view
 from specdec.bench import batch as bb
 from specdec.cli import main
 from specdec.core.errors import InvalidInputError
-from specdec.core.metrics import expected_tokens_per_round
+from specdec.core.speedup import expected_tokens_per_round, lockstep_tokens_per_row
 from ui import batch_tab
 
 TINY = ["--pair", "tiny", "--dtype", "float32", "--device", "cpu"]
@@ -37,7 +37,7 @@ def test_cli_writes_every_row_with_consistent_figures(result, capsys):
         assert r["plain_latency_ms"] > 0 and r["spec_latency_ms"] > 0
         assert r["accepted"] == round(r["alpha"] * r["tested"])  # one repeat: the pooled count is that run's
         assert r["predicted_tokens_per_round_per_row"] == pytest.approx(
-            bb.expected_tokens_per_row(result["fits"][r["mode"]]["alpha"], 3, r["batch"]))
+            lockstep_tokens_per_row(result["fits"][r["mode"]]["alpha"], 3, r["batch"]))
     for mode in ("greedy", "sampled"):
         rows_m = [r for r in rows if r["mode"] == mode]
         assert result["fits"][mode]["alpha"] == pytest.approx(sum(r["accepted"] for r in rows_m) /
@@ -69,16 +69,16 @@ def _row(b, speedup, mode="greedy"):
 def test_prediction_math():
     # B = 1 is the batch-1 formula's tokens per round; more rows can only lower it, towards 1
     for a in (0.3, 0.7, 0.95):
-        assert bb.expected_tokens_per_row(a, 4, 1) == pytest.approx(expected_tokens_per_round(a, 4))
-        assert bb.expected_tokens_per_row(a, 4, 8) < bb.expected_tokens_per_row(a, 4, 2) < expected_tokens_per_round(a, 4)
-    assert bb.expected_tokens_per_row(1.0, 4, 16) == 5.0
+        assert lockstep_tokens_per_row(a, 4, 1) == pytest.approx(expected_tokens_per_round(a, 4))
+        assert lockstep_tokens_per_row(a, 4, 8) < lockstep_tokens_per_row(a, 4, 2) < expected_tokens_per_round(a, 4)
+    assert lockstep_tokens_per_row(1.0, 4, 16) == 5.0
     assert bb.line_fit([1, 2, 3], [3, 5, 7]) == pytest.approx((1.0, 2.0))
     assert bb.line_fit([1, 2, 3], [7, 5, 3]) == pytest.approx((5.0, 0.0))  # a falling cost is noise: flat
     assert bb.line_fit([1, 2, 3], [0.5, 5, 9.5])[0] == 0.0  # never a negative fixed cost
     assert bb.line_fit([4], [9.0]) == (9.0, 0.0) and bb.line_fit([], []) is None
     fits = {"verify": (10.0, 1.0), "draft": (2.0, 0.5), "plain": (10.0, 0.5)}
     p = bb.predict(0.8, 4, 2, fits)
-    assert p["spec_tok_s"] == pytest.approx(1e3 * 2 * bb.expected_tokens_per_row(0.8, 4, 2) / (4 * 3.0 + 20.0))
+    assert p["spec_tok_s"] == pytest.approx(1e3 * 2 * lockstep_tokens_per_row(0.8, 4, 2) / (4 * 3.0 + 20.0))
     assert p["plain_tok_s"] == pytest.approx(1e3 * 2 / 11.0)
     assert bb.crossover([(4, 0.9), (1, 1.5), (2, 1.1)]) == 4 and bb.crossover([(1, 1.2)]) is None
 

@@ -12,7 +12,7 @@ import pytest
 from specdec.bench.harness import Sample, assistant_for
 from specdec.bench.speed import CONTENDERS, summarize_group
 from specdec.cli import main
-from specdec.core.metrics import predicted_speedup
+from specdec.core.speedup import leviathan_speedup
 
 TINY = ["--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "8"]
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "render_overhead.py"
@@ -38,7 +38,7 @@ def test_quick_bench_reports_every_group_and_consistent_ratios(tmp_path, capsys)
         assert g["d/a"] == pytest.approx(t["ours_spec"] / t["hf_plain"])
         assert g["d/b"] == pytest.approx(t["ours_spec"] / t["hf_assisted"])
         assert g["measured_speedup"] == pytest.approx(t["ours_spec"] / t["ours_plain"])
-        assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], g["mean_gamma"], g["c_loop"]))
+        assert g["predicted_speedup"] == pytest.approx(leviathan_speedup(g["alpha"], g["mean_gamma"], g["c_loop"]))
         assert g["c_plain"] == pytest.approx(res["c_plain"]) and 0 < g["c_loop"]
         assert 1 <= g["mean_gamma"] <= 3
         assert 0 <= g["alpha"] <= 1 and 1 <= g["tokens_per_round"] <= 4
@@ -91,7 +91,7 @@ def test_group_summary_uses_medians_and_per_token_alpha():
     assert g["acceptance_rate"] == pytest.approx(5 / 8)
     assert g["tokens_per_round"] == pytest.approx(8 / 3) and g["mean_gamma"] == pytest.approx(8 / 3)
     assert g["c_loop"] == pytest.approx((400 / 8) / (600 / 3)) and g["c_plain"] == 0.5  # 50 ms/guess, 200/pass
-    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(5 / 6, 8 / 3, 0.25))
+    assert g["predicted_speedup"] == pytest.approx(leviathan_speedup(5 / 6, 8 / 3, 0.25))
     assert g["d/a"] == pytest.approx(8 / (40 / 6)) and g["d/b"] == pytest.approx(0.8)
 
 
@@ -114,7 +114,7 @@ def test_gamma_sweep_prints_measured_next_to_predicted(tmp_path, capsys):
     assert [r["gamma"] for r in res["sweep"]] == [1, 2, 3]
     for r in res["sweep"]:
         assert r["mean_gamma"] <= r["gamma"]  # the last round of a run is capped by the token budget
-        assert r["predicted_speedup"] == pytest.approx(predicted_speedup(r["alpha"], r["mean_gamma"], r["c_loop"]))
+        assert r["predicted_speedup"] == pytest.approx(leviathan_speedup(r["alpha"], r["mean_gamma"], r["c_loop"]))
         assert r["measured_speedup"] > 0 and math.isfinite(r["measured_speedup"])
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()[:1].isdigit()]
     assert len(lines) == 3
@@ -124,7 +124,7 @@ def test_policy_option_runs_our_loop_adaptively_and_predicts_at_its_mean_gamma(t
     res = _bench(tmp_path, "--policy", "expected", "--modes", "greedy", "--kinds", "code")
     assert res["policy"] == "expected"
     g = res["groups"]["all"]
-    assert g["predicted_speedup"] == pytest.approx(predicted_speedup(g["alpha"], g["mean_gamma"], g["c_loop"]))
+    assert g["predicted_speedup"] == pytest.approx(leviathan_speedup(g["alpha"], g["mean_gamma"], g["c_loop"]))
 
 
 def test_assisted_generation_leaves_the_shared_draft_config_alone(tiny_pair):

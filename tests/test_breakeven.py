@@ -11,7 +11,7 @@ from components import breakeven as view
 from specdec.learn import breakeven as be
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.core.errors import InvalidInputError
-from specdec.core.metrics import predicted_speedup as leviathan
+from specdec.core.speedup import leviathan_speedup as leviathan
 from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings
 
@@ -33,12 +33,12 @@ def test_a_rising_verify_cost_lowers_the_speedup_and_moves_break_even():
     flat = _costs([10.0] * 16, {"model": 2.0})
     rising = _costs([10.0 + 3 * k for k in range(16)], {"model": 2.0})
     assert be.measured_curve_speedup(rising, "model", 0.8, 6) < be.measured_curve_speedup(flat, "model", 0.8, 6)
-    a_flat, a_rise = be.break_even_alpha(flat, "model", 4), be.break_even_alpha(rising, "model", 4)
+    a_flat, a_rise = be.measured_break_even(flat, "model", 4), be.measured_break_even(rising, "model", 4)
     assert a_rise > a_flat
     for c, a in ((flat, a_flat), (rising, a_rise)):
         assert be.measured_curve_speedup(c, "model", a, 4) >= 1 > be.measured_curve_speedup(c, "model", a - 0.002, 4)
     # A draft that costs as much as the target never pays off.
-    assert be.break_even_alpha(_costs([10.0] * 16, {"model": 10.0}), "model", 4) is None
+    assert be.measured_break_even(_costs([10.0] * 16, {"model": 10.0}), "model", 4) is None
 
 
 def test_best_gamma_is_the_argmax():

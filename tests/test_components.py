@@ -28,7 +28,8 @@ from components.labels import describe_round, position_choices, round_choices
 from specdec.core.settings import DecodeSettings
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.core.events import DraftNote, Round, TokenProb, Totals
-from specdec.core.metrics import StepCosts, predicted_speedup, rounds_cost_ratio, running_speedup, summarize
+from specdec.core.metrics import StepCosts, rounds_cost_ratio, running_speedup, summarize
+from specdec.core.speedup import leviathan_speedup
 from specdec.core.sampling import SamplingConfig
 
 SCRIPT = "<script>alert(1)</script>"
@@ -324,9 +325,9 @@ def test_speedup_figure_traces(recorded):
     accepted = sum(f == "accepted" for r in run for f in r.fates)
     alpha = accepted / (accepted + sum(f == "rejected" for r in run for f in r.fates))
     assert running_alpha(run)[-1] == pytest.approx(alpha)
-    # the one convention: mean draft length, c_loop from the rounds' timings (metrics.predict_speedup)
+    # the one convention: mean draft length, c_loop from the rounds' timings (speedup.run_predicted_speedup)
     mean_gamma = sum(r.gamma for r in run) / len(run)
-    want = predicted_speedup(alpha, mean_gamma, rounds_cost_ratio(run))
+    want = leviathan_speedup(alpha, mean_gamma, rounds_cost_ratio(run))
     assert trace(fig, "predicted").y[-1] == pytest.approx(want)
     assert trace(fig, "predicted").y[-1] == pytest.approx(summarize(run, costs).predicted_speedup)
 

@@ -302,7 +302,7 @@ def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
 
 
 def test_speedup_figure_curves_and_shading():
-    from specdec.core.metrics import predicted_speedup
+    from specdec.core.speedup import leviathan_speedup
 
     from components.charts import speedup_curves_figure
 
@@ -311,7 +311,7 @@ def test_speedup_figure_curves_and_shading():
     curves = [t for t in fig.data if t.name and t.name.startswith("γ=")]
     assert [t.name for t in curves] == [f"γ={g}" for g in range(1, 13)]
     i = int(np.argmin(np.abs(np.asarray(curves[3].x) - 0.5)))
-    assert curves[3].y[i] == pytest.approx(predicted_speedup(float(curves[3].x[i]), 4, 0.2))
+    assert curves[3].y[i] == pytest.approx(leviathan_speedup(float(curves[3].x[i]), 4, 0.2))
     shapes = [s for s in fig.layout.shapes if s.type == "rect"]
     assert shapes and shapes[0].y0 == 0 and shapes[0].y1 == 1
     measured = [t for t in fig.data if t.name and "measured" in t.name]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdec.core.errors import InvalidInputError
-from specdec.core.metrics import expected_tokens_per_round
+from specdec.core.speedup import expected_tokens_per_round, tokens_per_row
 from specdec.core.sampling import SamplingConfig, warp
 from specdec.core.settings import DecodeSettings
 from specdec.core.verify import verify_batch
@@ -254,11 +254,11 @@ def test_schedule_costs_and_interpolation():
 
 def test_schedule_tokens_per_row():
     for a in (0.2, 0.6, 0.9):
-        assert sch.tokens_per_row(a, 4, 1, "lockstep") == pytest.approx(expected_tokens_per_round(a, 4))
-        assert sch.tokens_per_row(a, 4, 8, "ragged") == pytest.approx(expected_tokens_per_round(a, 4))
-        assert sch.tokens_per_row(a, 4, 8, "lockstep") < sch.tokens_per_row(a, 4, 2, "lockstep")
+        assert tokens_per_row(a, 4, 1, "lockstep") == pytest.approx(expected_tokens_per_round(a, 4))
+        assert tokens_per_row(a, 4, 8, "ragged") == pytest.approx(expected_tokens_per_round(a, 4))
+        assert tokens_per_row(a, 4, 8, "lockstep") < tokens_per_row(a, 4, 2, "lockstep")
     with pytest.raises(ValueError):
-        sch.tokens_per_row(0.5, 2, 2, "zigzag")
+        tokens_per_row(0.5, 2, 2, "zigzag")
 
 
 def test_schedule_turns_speculation_off_where_it_stops_paying():
@@ -272,7 +272,7 @@ def test_schedule_turns_speculation_off_where_it_stops_paying():
     assert off is not None and all(table[b] == 0 for b in range(off, 17)) and table[off - 1] > 0
     g, s = sch.gamma_for_batch(16, 0.8, c)
     assert (g, s) == (0, 1.0)
-    assert sch.predicted_speedup(1, 0.8, 0, c) == 1.0
+    assert sch.batch_speedup(1, 0.8, 0, c) == 1.0
     # a free draft on a machine that never runs out of compute: speculation always pays, up to gamma_max
     free = _costs(10.0, 0.0, draft_fixed=0.0, draft_per_row=0.0)
     assert set(sch.gamma_table(0.9, free, up_to=16, gamma_max=6).values()) == {6}

@@ -367,7 +367,8 @@ def test_scrape_of_our_own_prometheus_text_reads_back_our_counts(tiny_pair):
 
 
 def test_time_breakdown_adds_up_and_reads_the_break_even(tiny_pair):
-    from specdec.core.metrics import PHASES, StepCosts, break_even_alpha, predicted_speedup, time_breakdown
+    from specdec.core.metrics import PHASES, StepCosts, time_breakdown
+    from specdec.core.speedup import leviathan_break_even, leviathan_speedup
 
     dec = SpeculativeDecoder(tiny_pair, "hello world", DecodeSettings(max_new_tokens=16))
     list(dec)
@@ -377,9 +378,9 @@ def test_time_breakdown_adds_up_and_reads_the_break_even(tiny_pair):
         assert all(getattr(t, k) >= 0 for k in PHASES)
     assert b.plain_ms == [5.0 * len(r.committed_ids) for r in dec.rounds]
     assert "break-even needs" in b.reading or "no acceptance can break even" in b.reading
-    a = break_even_alpha(4, 0.3)
-    assert predicted_speedup(a, 4, 0.3) == pytest.approx(1.0, abs=1e-9)
-    assert break_even_alpha(2, 1.2) is None
+    a = leviathan_break_even(4, 0.3)
+    assert leviathan_speedup(a, 4, 0.3) == pytest.approx(1.0, abs=1e-9)
+    assert leviathan_break_even(2, 1.2) is None
 
 
 def test_trees_take_strict_and_refuse_block(tiny_pair, one_thread):

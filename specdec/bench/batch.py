@@ -17,8 +17,8 @@ at least k guesses with probability α^k, so the batch's smallest accepted count
 row advances 1 + Σ_k α^(kB) tokens per round. Costs are straight-line fits of the measured passes: verify(n) =
 a + b·n for n = B(γ+1) tokens, draft(B) and plain step(B) likewise. Then
   speculative tok/s = B (1 + Σ_k α^(kB)) / (γ draft(B) + verify(B(γ+1))),  plain tok/s = B / step(B),
-and the predicted speedup is their ratio, compared with the measured steady-state speedup. The fits extend past
-the largest measured B to name a predicted crossover that the sweep did not reach.
+and the predicted speedup is their ratio (specdec.core.speedup), compared with the measured steady-state speedup.
+The fits extend past the largest measured B to name a predicted crossover that the sweep did not reach.
 
 Loops side by side (`loops`, `--loops`): beside plain batched decoding, one run measures any of
 - lockstep: specdec.loop.batched, every row commits the batch's smallest accepted count + 1 (the `spec_*` figures
@@ -50,6 +50,7 @@ from specdec.core.errors import InvalidInputError
 from specdec.core.settings import DecodeSettings
 from specdec.core.sampling import distribution
 from specdec.core.settings import encode_prompt
+from specdec.core.speedup import lockstep_tokens_per_row, speedup_from_costs
 from specdec.drafters import resolve_draft_vocab
 from specdec.loop.batched import MAX_BATCH, BatchResult, plain_batch_decode, speculative_batch_decode
 from specdec.loop.ragged import RaggedLM, ragged_batch_decode
@@ -334,19 +335,16 @@ def run_batches(pair, batches: list[int], modes: list[str], gamma: int, max_new:
 # ------------------------------------------------------------------------------------------- prediction
 
 
-def expected_tokens_per_row(alpha: float, gamma: int, batch: int) -> float:
-    """1 + E[min over B rows of kept guesses] for i.i.d. per-token acceptance alpha: 1 + Σ_{k=1..γ} α^(kB)."""
-    return 1.0 + sum(alpha ** (k * batch) for k in range(1, gamma + 1))
-
-
 def predict(alpha: float, gamma: int, batch: int, fits: dict) -> dict:
-    """Predicted tok/s of both loops and their ratio at one batch size, from the fitted per-pass costs (ms)."""
+    """Predicted tok/s of both loops and their ratio at one batch size, from the fitted per-pass costs (ms): the
+    speedup model of specdec.core.speedup with the lockstep loop's tokens per row."""
     at = lambda f, x: max(f[0] + f[1] * x, 1e-9)  # noqa: E731  -- a fitted cost, never zero or negative
-    tpr = expected_tokens_per_row(alpha, gamma, batch)
-    spec_ms = gamma * at(fits["draft"], batch) + at(fits["verify"], batch * (gamma + 1))
-    spec = 1e3 * batch * tpr / spec_ms
-    plain = 1e3 * batch / at(fits["plain"], batch)
-    return {"tokens_per_round_per_row": tpr, "spec_tok_s": spec, "plain_tok_s": plain, "speedup": spec / plain}
+    tpr = lockstep_tokens_per_row(alpha, gamma, batch)
+    draft_ms, verify_ms = at(fits["draft"], batch), at(fits["verify"], batch * (gamma + 1))
+    plain_ms = at(fits["plain"], batch)
+    plain = 1e3 * batch / plain_ms
+    speedup = speedup_from_costs(tpr, gamma, draft_ms, verify_ms, plain_ms)
+    return {"tokens_per_round_per_row": tpr, "spec_tok_s": plain * speedup, "plain_tok_s": plain, "speedup": speedup}
 
 
 def crossover(points: list[tuple[int, float | None]]) -> int | None:

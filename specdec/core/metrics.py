@@ -1,4 +1,4 @@
-"""Metrics over a run's rounds, and the Leviathan et al. speedup model they are compared with.
+"""Metrics over a run's rounds, beside the speedup model's prediction for them (specdec.core.speedup).
 
 Conventions (stated because projects differ), every one computed here and nowhere else:
 - statistics count what was tested and committed: a guess kept past a committed EOS (or the token budget) is not
@@ -20,7 +20,7 @@ Conventions (stated because projects differ), every one computed here and nowher
 - predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)) (Leviathan et al. 2022, i.i.d. acceptances, a verify pass
   costing one target step) with a = alpha above, g = the mean draft length of the run (gamma varies under the
   adaptive policies), c = c_loop when the rounds carry timings, else c_plain. App, CLI and bench all call
-  `predict_speedup` for it.
+  `run_predicted_speedup` for it; the formula and every other speedup model live in specdec.core.speedup.
 """
 
 from __future__ import annotations
@@ -28,16 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from specdec.core.events import ACCEPTED, CUT, Round
-
-
-def expected_tokens_per_round(alpha: float, gamma: float) -> float:
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-def predicted_speedup(alpha: float, gamma: float, c: float) -> float:
-    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1)
+from specdec.core.speedup import leviathan_break_even, run_predicted_speedup
 
 
 def alpha_estimate(accepted: int, tested: int) -> float:
@@ -95,14 +86,6 @@ class RunMetrics:
         return asdict(self)
 
 
-def predict_speedup(alpha: float, mean_gamma: float, c_loop: float | None, c_plain: float | None) -> float | None:
-    """The one convention for a run's predicted speedup (module docstring); None without any cost ratio."""
-    c = c_loop if c_loop is not None else c_plain
-    if c is None or mean_gamma <= 0:
-        return None
-    return predicted_speedup(alpha, mean_gamma, c)
-
-
 def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_per_token: float | None = None) -> RunMetrics:
     """Aggregate rounds. The plain target cost for the measured speedup comes from `baseline_ms_per_token` (e.g. a
     plain lane run side by side) or else from `costs` (measured at load)."""
@@ -146,7 +129,7 @@ def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_p
         c_plain=c_plain,
         baseline_tok_s=baseline_tok_s,
         speedup=tok_s / baseline_tok_s if baseline_tok_s else None,
-        predicted_speedup=predict_speedup(alpha, mean_gamma, c_loop, c_plain),
+        predicted_speedup=run_predicted_speedup(alpha, mean_gamma, c_loop, c_plain),
     )
 
 
@@ -188,18 +171,6 @@ class PhaseTimes:
         return PhaseTimes(*(getattr(self, k) + getattr(other, k) for k in PHASES))
 
 
-def break_even_alpha(gamma: float, c: float) -> float | None:
-    """The per-token acceptance at which speculation with gamma guesses and cost ratio c only ties plain
-    decoding (predicted_speedup = 1); None when even alpha = 1 loses ((gamma + 1) / (gamma c + 1) <= 1)."""
-    if gamma <= 0 or predicted_speedup(1.0, gamma, c) <= 1.0:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if predicted_speedup(mid, gamma, c) < 1.0 else (lo, mid)
-    return hi
-
-
 @dataclass
 class TimeBreakdown:
     rounds: list[PhaseTimes]
@@ -228,7 +199,7 @@ def _reading(rounds: list[Round], costs: StepCosts | None, total: PhaseTimes, pl
     c = m.c_loop if m.c_loop is not None else m.c_plain
     if c is None or m.mean_gamma <= 0:
         return f"{100 * m.alpha:.0f} % of guesses survive; no draft cost measured (nothing was drafted)"
-    need = break_even_alpha(m.mean_gamma, c)
+    need = leviathan_break_even(m.mean_gamma, c)
     head = (f"the draft costs {c:.2f} of a target step per guess and {100 * m.alpha:.0f} % of guesses survive: ")
     if need is None:
         verdict = f"at γ {m.mean_gamma:.1f} no acceptance can break even"

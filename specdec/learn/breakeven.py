@@ -8,8 +8,8 @@
   guesses it returned).
 Each number is the median of a few repeats, CUDA-synchronized on a GPU.
 
-`measured_curve_speedup` then puts them in the Leviathan et al. model with the measured verify curve instead of "a
-verify pass costs one target step":
+`measured_curve_speedup` then puts them in the speedup model (specdec.core.speedup) with the measured verify curve
+instead of "a verify pass costs one target step":
     speedup(α, γ) = E[tokens per round](α, γ) · verify_ms(1) / (γ · draft_ms + verify_ms(γ + 1)),
 and the per-token delay the system card writes as (verifier turn + draft overhead) / tokens per verifier turn is
     delay(α, γ) = (γ · draft_ms + verify_ms(γ + 1)) / E[tokens per round](α, γ)  [ms per token],
@@ -31,7 +31,7 @@ from specdec.core.settings import encode_prompt
 from specdec.drafters import make_drafter
 from specdec.core.errors import InvalidInputError, SpecDecError
 from specdec.core.kvcache import CachedLM
-from specdec.core.metrics import expected_tokens_per_round
+from specdec.core.speedup import expected_tokens_per_round, solve_break_even, speedup_from_costs
 from specdec.core.record import RunRecord
 from specdec.core.sampling import SamplingConfig, warp
 from specdec.core.settings import DecodeSettings
@@ -203,11 +203,15 @@ def measure_costs(pair, records: Sequence[RunRecord] | None = None, drafters: Se
 # ------------------------------------------------------------------------------------------ the model
 
 
-def round_ms(costs: Costs, drafter: str, gamma: int) -> float:
-    """Time of one round: gamma guesses plus a target pass over gamma + 1 tokens."""
+def _measured(costs: Costs, gamma: int) -> int:
     if not 0 <= gamma <= costs.max_gamma:
         raise InvalidInputError(f"gamma must be from 0 to {costs.max_gamma} for these measurements, got {gamma}")
-    return gamma * costs.draft_ms[drafter] + costs.verify_ms[gamma]
+    return gamma
+
+
+def round_ms(costs: Costs, drafter: str, gamma: int) -> float:
+    """Time of one round: gamma guesses plus a target pass over gamma + 1 tokens."""
+    return _measured(costs, gamma) * costs.draft_ms[drafter] + costs.verify_ms[gamma]
 
 
 def delay_ms(costs: Costs, drafter: str, alpha: float, gamma: int) -> float:
@@ -217,8 +221,9 @@ def delay_ms(costs: Costs, drafter: str, alpha: float, gamma: int) -> float:
 
 def measured_curve_speedup(costs: Costs, drafter: str, alpha: float, gamma: int) -> float:
     """Plain ms per token / speculative ms per token, with the measured verify curve and draft costs (the
-    textbook model with a verify pass costing one target step is `core.metrics.predicted_speedup`)."""
-    return costs.target_step_ms / delay_ms(costs, drafter, alpha, gamma)
+    textbook model with a verify pass costing one target step is `core.speedup.leviathan_speedup`)."""
+    return speedup_from_costs(expected_tokens_per_round(alpha, gamma), _measured(costs, gamma),
+                              costs.draft_ms[drafter], costs.verify_ms[gamma], costs.target_step_ms)
 
 
 def speedup_grid(costs: Costs, drafter: str, alphas: Sequence[float]) -> np.ndarray:
@@ -233,17 +238,10 @@ def best_gamma(costs: Costs, drafter: str, alpha: float) -> tuple[int, float]:
     return g, measured_curve_speedup(costs, drafter, alpha, g)
 
 
-def break_even_alpha(costs: Costs, drafter: str, gamma: int) -> float | None:
-    """Smallest alpha (to 0.001) at which gamma guesses beat plain decoding; None if none below 1 does."""
-    lo, hi = 0.0, 0.999
-    if measured_curve_speedup(costs, drafter, hi, gamma) < 1:
-        return None
-    if measured_curve_speedup(costs, drafter, lo, gamma) >= 1:
-        return 0.0
-    while hi - lo > 1e-3:  # the speedup increases with alpha
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if measured_curve_speedup(costs, drafter, mid, gamma) < 1 else (lo, mid)
-    return hi
+def measured_break_even(costs: Costs, drafter: str, gamma: int) -> float | None:
+    """Smallest alpha at which gamma guesses beat plain decoding on the measured curve; None if even alpha = 1
+    does not (the speedup rises with alpha: `core.speedup.solve_break_even`)."""
+    return solve_break_even(lambda a: measured_curve_speedup(costs, drafter, a, gamma))
 
 
 @dataclass

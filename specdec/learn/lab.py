@@ -24,7 +24,7 @@ from specdec.drafters import DraftModelDrafter
 from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.record import RunRecord
 from specdec.core.kvcache import CachedLM
-from specdec.core.metrics import predicted_speedup
+from specdec.core.speedup import leviathan_speedup
 from specdec.core.sampling import SamplingConfig, warp
 
 MIN_TOKENS, MAX_TOKENS = 3, 6
@@ -455,7 +455,7 @@ def real_check(rows: FirstTokenRows, draws: SupportDraws, engine_ids: list[int])
 
 
 def speedup_curve(gamma: int, c: float, alphas: Sequence[float]) -> list[float]:
-    return [predicted_speedup(float(a), gamma, c) for a in alphas]
+    return [leviathan_speedup(float(a), gamma, c) for a in alphas]
 
 
 @dataclass

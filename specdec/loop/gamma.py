@@ -14,7 +14,8 @@ Each policy has `gamma` (what the next round asks for) and `observe(round)` (tol
 from __future__ import annotations
 
 from specdec.core.events import Round
-from specdec.core.metrics import loop_cost_ratio, predicted_speedup
+from specdec.core.metrics import loop_cost_ratio
+from specdec.core.speedup import leviathan_speedup
 from specdec.core.settings import MAX_GAMMA, DecodeSettings
 
 
@@ -35,7 +36,7 @@ class HeuristicGamma(FixedGamma):
 
 class ExpectedGamma(FixedGamma):
     """Decayed per-token acceptance counts and draft/target cost ratio (priors: alpha 0.7, c 0.5, worth a few
-    rounds of evidence); each round asks for argmax_g predicted_speedup(alpha, g, c)."""
+    rounds of evidence); each round asks for argmax_g leviathan_speedup(alpha, g, c)."""
 
     DECAY = 0.8  # recent rounds count most: acceptance shifts with the content being written
 
@@ -50,7 +51,7 @@ class ExpectedGamma(FixedGamma):
         if rnd.index > 0 and c_round is not None:  # round one also ran the prompt: its timing says little
             self.c = 0.7 * self.c + 0.3 * c_round
         alpha = min(0.99, max(0.01, self.kept / self.tested))
-        self.gamma = max(range(1, MAX_GAMMA + 1), key=lambda g: predicted_speedup(alpha, g, self.c))
+        self.gamma = max(range(1, MAX_GAMMA + 1), key=lambda g: leviathan_speedup(alpha, g, self.c))
 
 
 class Scheduled:

@@ -1,16 +1,16 @@
 """Draft length by batch size: how many guesses per row pay off at B rows, and where speculation should be off.
 
-Pure functions over measured pass costs; nothing here runs a model. The cost model is the break-even map's
-(specdec.learn.breakeven: a round is γ draft passes plus one target pass over γ + 1 tokens per row, compared with
-one plain step) with the batch dimension added, for a loop where every row keeps its own accepted count (the
-ragged loop, specdec.loop.ragged):
+Pure functions over measured pass costs; nothing here runs a model. The cost model is the one of
+specdec.core.speedup (a round is γ draft passes plus one target pass over γ + 1 tokens per row, compared with one
+plain step) with measured batch costs, for a loop where every row keeps its own kept count (the ragged loop,
+specdec.loop.ragged):
 
-    speedup(B, γ) = E[tokens per round](α, γ) · target(B) / (γ · draft(B) + target(B · (γ + 1)))
+    batch_speedup(B, γ) = E[tokens per round](α, γ) · target(B) / (γ · draft(B) + target(B · (γ + 1)))
 
-E[tokens per round] is the batch-1 Leviathan expectation (`core.metrics.expected_tokens_per_round`), since a ragged
-row advances by its own accepted count + 1; target(n) is the measured cost of one target pass scoring n tokens
-(B rows × k tokens each) and draft(B) one draft pass over B rows. For the lockstep loop a row advances by the
-batch's smallest accepted count + 1 instead, 1 + Σ_{k=1..γ} α^(kB) for i.i.d. acceptances.
+E[tokens per round] is the batch-1 Leviathan expectation (`core.speedup.tokens_per_row`), since a ragged row
+advances by its own kept count + 1; target(n) is the measured cost of one target pass scoring n tokens (B rows × k
+tokens each) and draft(B) one draft pass over B rows. For the lockstep loop a row advances by the batch's smallest
+accepted count + 1 instead, 1 + Σ_{k=1..γ} α^(kB) for i.i.d. acceptances (`core.speedup.lockstep_tokens_per_row`).
 
 `gamma_for_batch` picks the γ with the highest predicted speedup; when even that is below `min_speedup`, it returns
 0: speculation off, a plain batched step. `gamma_table` does so for every B up to a limit and `off_from` names the
@@ -30,9 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from specdec.core.metrics import expected_tokens_per_round
-
-SCHEDULE_KINDS = ("ragged", "lockstep")
+from specdec.core.speedup import speedup_from_costs, tokens_per_row
 
 
 def _interp(points: tuple[tuple[float, float], ...], x: float) -> float:
@@ -103,25 +101,12 @@ class BatchCosts:
         return {"target": [list(p) for p in self.target], "draft": [list(p) for p in self.draft]}
 
 
-def tokens_per_row(alpha: float, gamma: int, batch: int, kind: str = "ragged") -> float:
-    """Expected tokens a row commits per round with γ guesses: its own accepted count + 1 (ragged), or the batch's
-    smallest accepted count + 1 (lockstep, i.i.d. acceptances)."""
-    if kind == "ragged":
-        return expected_tokens_per_round(alpha, gamma)
-    if kind == "lockstep":
-        return 1.0 + sum(alpha ** (k * batch) for k in range(1, gamma + 1))
-    raise ValueError(f"kind must be one of {SCHEDULE_KINDS}, got {kind!r}")
-
-
-def predicted_speedup(batch: int, alpha: float, gamma: int, costs: BatchCosts, kind: str = "ragged") -> float:
+def batch_speedup(batch: int, alpha: float, gamma: int, costs: BatchCosts, kind: str = "ragged") -> float:
     """Speculative over plain batched tok/s at B rows with γ guesses per row (γ = 0 is the plain step: 1)."""
     if gamma <= 0:
         return 1.0
-    plain = costs.target_ms(batch)
-    spec = gamma * costs.draft_ms(batch) + costs.target_ms(batch * (gamma + 1))
-    if spec <= 0:
-        return float("inf")
-    return tokens_per_row(alpha, gamma, batch, kind) * plain / spec
+    return speedup_from_costs(tokens_per_row(alpha, gamma, batch, kind), gamma, costs.draft_ms(batch),
+                              costs.target_ms(batch * (gamma + 1)), costs.target_ms(batch))
 
 
 def gamma_for_batch(batch: int, alpha: float, costs: BatchCosts, gamma_max: int = 8, min_speedup: float = 1.0,
@@ -130,8 +115,8 @@ def gamma_for_batch(batch: int, alpha: float, costs: BatchCosts, gamma_max: int 
     speculation off -- when that prediction is below min_speedup."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
-    best = max(range(1, max(1, gamma_max) + 1), key=lambda g: predicted_speedup(batch, alpha, g, costs, kind))
-    s = predicted_speedup(batch, alpha, best, costs, kind)
+    best = max(range(1, max(1, gamma_max) + 1), key=lambda g: batch_speedup(batch, alpha, g, costs, kind))
+    s = batch_speedup(batch, alpha, best, costs, kind)
     return (best, s) if s >= min_speedup else (0, 1.0)
 
 
