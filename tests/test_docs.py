@@ -216,3 +216,16 @@ def test_every_environment_variable_the_code_reads_is_in_deploy_md():
     page = (DOCS / "deploy.md").read_text(encoding="utf-8")
     missing = sorted(n for n in names if f"`{n}`" not in page)
     assert not missing, f"docs/deploy.md's table of environment variables lacks {missing}"
+
+
+def test_the_readme_and_the_app_page_name_every_choice_the_engine_offers():
+    from specdec.core.settings import DRAFTERS, ENGINES, GAMMA_POLICIES
+    from specdec.core.verify import VERIFY_MODES
+    from specdec.models.quant import QUANT_MODES
+
+    features = README.read_text(encoding="utf-8").split("## Features", 1)[1].split("\n## ", 1)[0]
+    playground = (DOCS / "playground.md").read_text(encoding="utf-8")
+    for name in (*DRAFTERS, *VERIFY_MODES, *ENGINES, *QUANT_MODES, *GAMMA_POLICIES):
+        assert f"`{name}`" in features, f"README's Features do not name `{name}`"
+    for name in (*DRAFTERS, *VERIFY_MODES, *GAMMA_POLICIES):
+        assert f"`{name}`" in playground, f"docs/playground.md does not name `{name}`"
