@@ -15,7 +15,7 @@ from specdec.loop.decoder import SpeculativeDecoder
 from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "server-metrics.md"
+DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 TYPES = {"int": int, "float": float, "list": list}
 
 
@@ -58,10 +58,10 @@ def test_export_agrees_with_run_metrics(records, drafter):
     rec = records[drafter]
     m, v = rec.metrics, sm.export(rec)["vllm"]
     assert v["num_draft_tokens"] == m.drafted
-    assert v["num_accepted_tokens"] == m.accepted
-    assert v["draft_acceptance_rate"] == pytest.approx(m.acceptance_rate)
+    assert v["num_accepted_tokens"] == m.kept
+    assert v["draft_acceptance_rate"] == pytest.approx(m.kept_rate)
     assert v["num_drafts"] == sum(1 for r in rec.rounds if r.gamma > 0)
-    assert v["mean_acceptance_length"] == pytest.approx(1 + m.accepted / v["num_drafts"])
+    assert v["mean_acceptance_length"] == pytest.approx(1 + m.kept / v["num_drafts"])
     # Accepted guesses form a prefix: the per-position counts sum to the total and never increase.
     per = v["num_accepted_tokens_per_pos"]
     assert sum(per) == v["num_accepted_tokens"]
@@ -78,7 +78,7 @@ def test_rounds_without_a_draft_are_not_drafts(records):
     assert out["vllm"]["num_drafts"] == len(rec.rounds) - empty
     # The mean acceptance length averages over drafting rounds only (our tokens-per-round averages over all).
     m = rec.metrics
-    assert out["vllm"]["mean_acceptance_length"] == pytest.approx(1 + m.accepted / (len(rec.rounds) - empty))
+    assert out["vllm"]["mean_acceptance_length"] == pytest.approx(1 + m.kept / (len(rec.rounds) - empty))
 
 
 def test_prometheus_names_and_text(records):
