@@ -19,14 +19,14 @@ def _stat(label: str, value: str, hint: str, key: str) -> str:
 
 
 def _per_position(m: RunMetrics) -> str:
-    if not m.per_position_acceptance:
+    if not m.kept_per_position:
         return ""
     bars = "".join(
         f'<span class="sd-pp" title="draft position {i}: kept in {100 * a:.0f}% of rounds that drafted it">'
         f'<span class="sd-pp-fill" style="height:{100 * a:.0f}%"></span><span class="sd-pp-i">{i}</span></span>'
-        for i, a in enumerate(m.per_position_acceptance)
+        for i, a in enumerate(m.kept_per_position)
     )
-    return (f'<div class="sd-pp-wrap"><div class="sd-stat-label">acceptance by draft position</div>'
+    return (f'<div class="sd-pp-wrap"><div class="sd-stat-label">kept by draft position</div>'
             f'<div class="sd-pp-row">{bars}</div></div>')
 
 
@@ -54,9 +54,9 @@ def render_stats(m: RunMetrics | None, baseline_steps: int = 0) -> str:
     if m is None or not m.rounds:
         return '<div class="sd-stats sd-stats-empty">Stats appear after the first round.</div>'
     cells = [
-        _stat("acceptance rate", f"{100 * m.acceptance_rate:.0f}%" if m.drafted else "—",
-              f"{m.accepted} of {m.drafted} draft tokens kept and committed; per-token α = {m.alpha:.2f} (kept / "
-              f"tested guesses, {m.accepted}/{m.tested}: guesses after a rejection or past the end of the text are "
+        _stat("acceptance rate", f"{100 * m.kept_rate:.0f}%" if m.drafted else "—",
+              f"{m.kept} of {m.drafted} draft tokens kept (accepted and committed); per-token α = {m.alpha:.2f} (kept / "
+              f"tested guesses, {m.kept}/{m.tested}: guesses after a rejection or past the end of the text are "
               "never tested)", "acceptance"),
         _stat("tokens per round", f"{m.tokens_per_round:.2f}",
               "committed tokens per round, counting the repaired or bonus token (1 to γ+1)", "tokens_per_round"),
@@ -96,12 +96,17 @@ def render_status(kind: str, message: str) -> str:
     return f'<div class="sd-status sd-status-{kind}" role="status">{html.escape(message)}</div>'
 
 
-def render_model_status(state: str, message: str, details: dict | None = None) -> str:
-    """The model badge in the header: loading progress, ready (with pair details), or a load error."""
+def render_model_status(state: str, message: str, details: dict | None = None, fraction: float | None = None) -> str:
+    """The model badge in the header: loading progress (a bar when `fraction` says how far), ready (with pair
+    details), or a load error."""
     kind = {"loading": "busy", "ready": "ok", "error": "error"}.get(state, "info")
     extra = ""
+    if fraction is not None and state == "loading":
+        pct = round(100 * max(0.0, min(1.0, fraction)))
+        extra += (f'<progress class="sd-model-progress" max="100" value="{pct}" aria-label="loading the models"'
+                  f' title="{pct}%">{pct}%</progress>')
     if details:
-        extra = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in details.items())
-        extra = f'<span class="sd-model-details">{extra}</span>'
+        cells = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in details.items())
+        extra += f'<span class="sd-model-details">{cells}</span>'
     return (f'<div class="sd-model sd-status-{kind}" data-state="{html.escape(state)}">'
             f'<span class="sd-model-msg">{html.escape(message)}</span>{extra}</div>')

@@ -49,3 +49,27 @@ def test_the_first_example_is_sent_with_its_own_settings():
     assert controls[:5] == [example["prompt"], example["chat"], example["gamma"], 64, example["temperature"]]
     assert controls[8] == "default" and controls[11] == example["drafter"]
     assert first_run.READY.search("[specdec]  3.1 s  default: models ready in 12.5 s").group(1) == "12.5"
+
+
+def test_the_load_progress_only_moves_forward_and_ends_full():
+    from ui.loader import progress_bar, progress_fraction
+
+    steps = ([f"assembling qwen2.5-coder-1.5b-instruct.gguf: part {i}/22" for i in range(1, 23)]
+             + ["converting qwen2.5-coder-1.5b-instruct.gguf to safetensors (one time, about a minute)"]
+             + [f"assembling qwen2.5-coder-0.5b-instruct.gguf: part {i}/6" for i in range(1, 7)]
+             + ["converting qwen2.5-coder-0.5b-instruct.gguf to safetensors (one time, about a minute)",
+                "loading tokenizer (embedded:x)", "loading target embedded:x (bfloat16, cpu)", "loading draft x",
+                "quantizing the draft (int4)", "prepacking the linear layers for the CPU",
+                "checking the packed kernels on this CPU: [1536, 1536] at 64 pass widths (once)",
+                "measuring the plain per-token cost of both models", "models ready in 12.0 s"])
+    fractions = [progress_fraction(m) for m in steps]
+    assert None not in fractions and fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert progress_fraction("something else") is None
+    assert progress_bar(0.5, 10) == "[#####.....]  50%"
+
+
+def test_the_badge_draws_a_bar_while_loading_only():
+    from components.stats import render_model_status
+
+    assert 'value="40"' in render_model_status("loading", "loading target", fraction=0.4)
+    assert "<progress" not in render_model_status("ready", "Model pair: x", {"device": "cpu"}, fraction=1.0)

@@ -14,6 +14,7 @@ Custom ids (the Models accordion) are checked before anything is downloaded: the
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -27,6 +28,29 @@ from specdec.models.hub import DEFAULT_MAX_PARAMS, check_model_id, check_size, i
 from specdec.core.metrics import StepCosts
 from specdec.models import pair as models
 from specdec.models.pair import PAIRS, ModelPair, load_pair, pair_ids
+
+# How far a load has come, by the step its message names (specdec.models.pair and .embedded say each step): a first
+# start assembles and converts both embedded models (most of its minutes), a later one starts at "loading tokenizer".
+STEPS = (("assembling qwen2.5-coder-1.5b", 0.0, 0.10), ("converting qwen2.5-coder-1.5b", 0.10, 0.0),
+         ("assembling qwen2.5-coder-0.5b", 0.45, 0.05), ("converting qwen2.5-coder-0.5b", 0.50, 0.0),
+         ("loading tokenizer", 0.65, 0.0), ("loading target", 0.68, 0.0), ("loading draft", 0.78, 0.0),
+         ("quantizing", 0.82, 0.0), ("prepacking", 0.88, 0.0), ("checking the packed kernels", 0.90, 0.0),
+         ("waiting for the server", 0.94, 0.0), ("measuring", 0.95, 0.0), ("models ready", 1.0, 0.0))
+
+
+def progress_fraction(message: str) -> float | None:
+    """The share of a pair load done when the loader says `message` (None: a step without a known place)."""
+    for key, start, span in STEPS:
+        if key in message:
+            part = re.search(r"part (\d+)/(\d+)", message)
+            return start + (span * int(part.group(1)) / int(part.group(2)) if span and part else 0.0)
+    return None
+
+
+def progress_bar(fraction: float, width: int = 24) -> str:
+    done = round(max(0.0, min(1.0, fraction)) * width)
+    return f"[{'#' * done}{'.' * (width - done)}] {100 * fraction:3.0f}%"
+
 
 BUILTIN_PREFIXES = ("embedded:", "tiny:")  # preset ids that are not hub ids or folders (see specdec.models.pair.PAIRS)
 
@@ -55,6 +79,7 @@ class LoadJob:
     loaded: threading.Event = field(default_factory=threading.Event)  # pair ready (or failed)
     measured: threading.Event = field(default_factory=threading.Event)  # costs ready (or failed)
     measured_at: float = 0.0  # time.time() when the costs were timed
+    fraction: float = 0.0  # how far the load has come (progress_fraction), never going back
 
     @property
     def state(self) -> str:
@@ -151,8 +176,10 @@ class PairLoader:
 
         def progress(msg: str) -> None:
             job.message = msg
+            job.fraction = max(job.fraction, progress_fraction(msg) or 0.0)
             if self.echo:  # the terminal shows the same steps as the page's badge
-                print(f"[specdec] {time.time() - t0:5.1f} s  {req.label}: {msg}", file=sys.stderr, flush=True)
+                print(f"[specdec] {progress_bar(job.fraction)} {time.time() - t0:5.1f} s  {req.label}: {msg}",
+                      file=sys.stderr, flush=True)
 
         try:
             if req.target or req.draft:

@@ -78,7 +78,7 @@ class Playground:
             return render_model_status("error", f"Model load failed: {job.error}")
         if job.state == "loading":
             return render_model_status("loading", f"Loading {job.request.label}… {job.message} "
-                                                   f"({time.time() - job.started:.0f} s)")
+                                                   f"({time.time() - job.started:.0f} s)", fraction=job.fraction)
         info = PairInfo.of(job.pair)
         details = {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype}
         if info.draft_quant:
