@@ -108,6 +108,16 @@ def _ngram_detail(lane: Lane, prompt_pieces: list[str]) -> str:
             + f'<div class="rt-ctx" title="amber: the matched suffix; green: the copied guesses">{ctx}</div>')
 
 
+def _suffix_detail(lane: Lane, prompt_pieces: list[str]) -> str:
+    """The suffix lane: its copies come from the prompt or the lane's own text (a race passes no earlier runs), shown
+    as the n-gram lane's are, with the index's match length."""
+    r = _last_proposal(lane)
+    if r is not None and r.note is not None and r.note.source == "earlier run":
+        return (f"<div>Round {r.index + 1}: copied {r.gamma} tokens from an earlier run after a "
+                f"{r.note.match_len}-token match; kept {r.n_accepted}.</div>")
+    return _ngram_detail(lane, prompt_pieces)
+
+
 def _split_flags(pieces: list[str], other: list[str]) -> list[bool]:
     """For each piece: does it end at a character offset where the other tokenization has no boundary?"""
     mine = list(accumulate(len(p) for p in pieces))
@@ -174,6 +184,8 @@ def _detail(lane: Lane, prompt_pieces: list[str]) -> str:
         return _auto_detail(lane, prompt_pieces)
     if kind == "ngram":
         return _ngram_detail(lane, prompt_pieces)
+    if kind == "suffix":
+        return _suffix_detail(lane, prompt_pieces)
     if kind == "cross":
         return _cross_detail(lane)
     if kind == "early-exit":
@@ -189,7 +201,8 @@ def _badge(lane: Lane) -> str:
     note = lane.last_note
     if lane.spec.drafter == "early-exit" and note is not None and note.layers:
         return f"{note.layers} of {note.total_layers} layers"
-    return {"ngram": "copies text · q one-hot", "cross": "other tokenizer · q one-hot",
+    return {"ngram": "copies text · q one-hot", "suffix": "copies the most frequent continuation · q one-hot",
+            "cross": "other tokenizer · q one-hot",
             "model": "draft model · sampled q"}.get(lane.spec.drafter, DRAFTER_LABELS.get(lane.spec.drafter, ""))
 
 

@@ -1,6 +1,6 @@
 """Token view: each Round becomes a run of coloured chips.
 
-A round reads left to right as it happened: accepted draft tokens, then (at a rejection) the rejected guess struck
+A round reads left to right as it happened: kept draft tokens, then (at a rejection) the rejected guess struck
 through, the repaired token in its place and the later guesses that were thrown away untested; or, when every guess
 passed, the bonus token. Every chip carries p, q, min(1, p/q) and u in its tooltip and its round/position in data
 attributes, so a click can point the p-vs-q chart at it.
@@ -17,10 +17,10 @@ from specdec.core import events
 from specdec.core.events import Round
 
 # Chip kinds double as CSS classes (tok-<kind>); tests and the browser rely on these names.
-ACCEPTED, REJECTED, REPAIRED, DISCARDED, BONUS, CUT = "acc", "rej", "rep", "disc", "bonus", "cut"
+KEPT, REJECTED, REPAIRED, DISCARDED, BONUS, CUT = "acc", "rej", "rep", "disc", "bonus", "cut"
 PLAIN = "plain"  # a round that drafted nothing: one token sampled from p, as plain decoding would
 KIND_LABELS = {
-    ACCEPTED: "accepted draft",
+    KEPT: "kept draft",
     REJECTED: "rejected draft",
     REPAIRED: "repaired (resampled)",
     DISCARDED: "discarded guess",
@@ -32,7 +32,7 @@ KIND_LABELS = {
 WHITESPACE_GLYPHS = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
 EMPTY_PIECE = "∅"  # a token that decodes to nothing (special or partial byte token)
 # A draft position's fate (decided once, by Round.fates) -> its chip kind.
-FATE_KIND = {events.ACCEPTED: ACCEPTED, events.REJECTED: REJECTED, events.DISCARDED: DISCARDED, events.CUT: CUT}
+FATE_KIND = {events.KEPT: KEPT, events.REJECTED: REJECTED, events.DISCARDED: DISCARDED, events.CUT: CUT}
 
 
 def visible_piece(piece: str) -> str:
@@ -91,6 +91,20 @@ def prediction_note(rnd: Round) -> str | None:
     return f"predicted output: drew {span}, straight on from where the output is in the prediction"
 
 
+SOURCE_WORDS = {"prompt": "the prompt", "output": "this run's own output", "earlier run": "an earlier run of yours"}
+
+
+def copy_source_note(rnd: Round) -> str | None:
+    """For the suffix drafter: where this round's copy came from (the prompt, the output so far, an earlier run)."""
+    n = rnd.note
+    if n is None or n.drafter != "suffix" or n.source is None:
+        return None
+    where = SOURCE_WORDS.get(n.source, n.source)
+    at = "" if n.source_start is None else f" (from its token {n.source_start} on)"
+    return (f"suffix index: copied from {where}{at}, the continuation seen most often after the text's last "
+            f"{n.match_len} token(s)")
+
+
 def _draft_tooltip(rnd: Round, i: int, fate: str) -> str:
     p, q, a, u = rnd.p_draft[i], rnd.q_draft[i], rnd.accept_probs[i], rnd.uniforms[i]
     lines = [
@@ -102,7 +116,9 @@ def _draft_tooltip(rnd: Round, i: int, fate: str) -> str:
         lines.append(one_hot_note(rnd))
     if prediction_note(rnd):
         lines.append(prediction_note(rnd))
-    if fate == events.ACCEPTED:
+    if copy_source_note(rnd):
+        lines.append(copy_source_note(rnd))
+    if fate == events.KEPT:
         lines.append(f"u = {fmt_prob(u)} < {fmt_prob(a)}  →  accepted")
     elif fate == events.REJECTED:
         lines.append(f"u = {fmt_prob(u)} ≥ {fmt_prob(a)}  →  rejected")
@@ -155,7 +171,7 @@ def round_chips(rnd: Round) -> list[Chip]:
     chips: list[Chip] = []
     for i, fate in enumerate(rnd.fates):
         kind, piece = FATE_KIND[fate], rnd.draft_pieces[i]
-        chips.append(Chip(kind, piece, i, _draft_tooltip(rnd, i, fate), _newlines(piece) if kind == ACCEPTED else 0))
+        chips.append(Chip(kind, piece, i, _draft_tooltip(rnd, i, fate), _newlines(piece) if kind == KEPT else 0))
         if i == rnd.rejected_at:
             chips.append(_emitted_chip(rnd))
     if rnd.rejected_at is None:
@@ -184,7 +200,9 @@ def chip_html(chip: Chip, round_index: int, order: int) -> str:
 def render_round(rnd: Round) -> str:
     """One round as a <span class="rnd">; rounds are immutable, so callers may cache this string."""
     chips = "".join(chip_html(c, rnd.index, k) for k, c in enumerate(round_chips(rnd)))
-    return f'<span class="rnd" data-r="{rnd.index}">{chips}</span>'
+    src = rnd.note.source if rnd.note is not None and rnd.note.source and rnd.gamma else None
+    mark = f' data-src="{html.escape(src, quote=True)}"' if src else ""  # a suffix copy's source (copy_source_note)
+    return f'<span class="rnd" data-r="{rnd.index}"{mark}>{chips}</span>'
 
 
 def render_prompt(prompt: str, max_chars: int = 400) -> str:
@@ -201,7 +219,7 @@ def render_tokens(rounds: list[Round], prompt: str = "") -> str:
 def render_legend() -> str:
     samples = [
         ("draft", "x", "a draft guess as it arrives"),
-        (ACCEPTED, "x", KIND_LABELS[ACCEPTED]),
+        (KEPT, "x", KIND_LABELS[KEPT]),
         (REJECTED, "x", KIND_LABELS[REJECTED]),
         (REPAIRED, "y", KIND_LABELS[REPAIRED]),
         (DISCARDED, "z", KIND_LABELS[DISCARDED]),

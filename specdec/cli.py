@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: 65536 for large vocabularies")
     g.add_argument("--drafter", default="model", choices=list(DRAFTERS),
                    help="who proposes the guesses: the draft model, n-gram prompt lookup, the target's first "
-                        "layers (early exit), a draft with another tokenizer (cross), --prediction (predicted), or "
-                        "auto (a copy after a strong n-gram match, else the draft model)")
+                        "layers (early exit), a draft with another tokenizer (cross), --prediction (predicted), "
+                        "auto (a copy after a strong n-gram match, else the draft model), or suffix (the most "
+                        "frequent continuation in an index over the prompt and the output)")
     g.add_argument("--ngram-max", type=int, default=4, help="ngram: longest suffix matched (tried first)")
     g.add_argument("--ngram-min", type=int, default=1, help="ngram: shortest suffix matched")
     g.add_argument("--exit-layer", type=int, default=0, help="early-exit: layers that draft (0 = a quarter)")
@@ -177,11 +178,11 @@ def cmd_generate(args) -> int:
         "text": dec.text,
         "tokens": len(dec.generated_ids),
         "rounds": len(dec.rounds),
-        "acceptance_rate": m.acceptance_rate,
+        "acceptance_rate": m.kept_rate,  # the JSON names of the kept counts (RunMetrics.JSON_NAMES)
         "alpha": m.alpha,
         "tokens_per_round": m.tokens_per_round,
-        "per_position_acceptance": m.per_position_acceptance,
-        "accepted_histogram": m.accepted_histogram,
+        "per_position_acceptance": m.kept_per_position,
+        "accepted_histogram": m.kept_histogram,
         "stop_reason": dec.stop_reason,
         "models": pair.describe(),
         "verify": settings.verify,
@@ -203,7 +204,7 @@ def cmd_generate(args) -> int:
         print(json.dumps(summary), flush=True)
         return 0
     print(dec.text)
-    line = (f"-- {summary['tokens']} tokens in {summary['rounds']} rounds | acceptance {m.acceptance_rate:.1%} | "
+    line = (f"-- {summary['tokens']} tokens in {summary['rounds']} rounds | kept {m.kept_rate:.1%} of guesses | "
             f"{m.tokens_per_round:.2f} tokens/round (incl. repaired/bonus) | {spec_tok_s:.2f} tok/s")
     if baseline:
         line += f" | plain {baseline.tok_s:.2f} tok/s | speedup {summary['speedup']:.2f}x"

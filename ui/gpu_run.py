@@ -26,8 +26,9 @@ GPU_DURATION_S = 120
 
 @gpu(duration=GPU_DURATION_S)
 def decode_rounds(name: str, target: str, draft: str, dtype: str, device: str, prompt, settings: DecodeSettings,
-                  measure: bool):
-    """Yield ("costs", StepCosts) first when `measure`, then ("round", Round, text so far) per round.
+                  measure: bool, history: list[str] = ()):
+    """Yield ("costs", StepCosts) first when `measure`, then ("round", Round, text so far) per round. `history`:
+    the session's earlier outputs (plain strings), for the suffix drafter.
 
     load_pair is memoized: in a worker forked from the app, the pair the app loaded is found there, and on
     ZeroGPU `spaces` moves its weights to the GPU.
@@ -35,6 +36,6 @@ def decode_rounds(name: str, target: str, draft: str, dtype: str, device: str, p
     pair = load_pair(name, target=target or None, draft=draft or None, dtype=dtype, device=device)
     if measure:
         yield ("costs", measure_costs(pair))
-    decoder = SpeculativeDecoder(pair, prompt, settings)
+    decoder = SpeculativeDecoder(pair, prompt, settings, history=list(history))
     for rnd in decoder:
         yield ("round", rnd, decoder.text)

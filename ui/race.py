@@ -102,9 +102,9 @@ def build_race_tab(get_pair: Callable) -> None:
                         example_labels=[e["label"] for e in EXAMPLES], label="Example prompts")
             lanes = gr.Textbox(DEFAULT_LANES, label="Speculative lanes (the plain lane is always in)",
                                info="drafter[:γ][:policy][:rule], comma-separated; drafters: model, ngram, "
-                                    "early-exit, cross, auto; policies: fixed, heuristic, confidence, "
+                                    "early-exit, cross, auto, suffix; policies: fixed, heuristic, confidence, "
                                     "expected; rules: pq, strict, block; a token tree: model:tree321 (children per "
-                                    "node at each depth; model or ngram)",
+                                    "node at each depth; model, ngram or suffix)",
                                elem_id="race-lanes")
             preset = gr.Dropdown(list(LANE_PRESETS), value=None, label="Lane presets", elem_id="race-presets")
             max_new = gr.Slider(8, 256, 64, step=1, label="Max new tokens", elem_id="race-max-new")

@@ -9,6 +9,10 @@ import) bumps `run_id`; a stream whose run id is stale stops before its next rou
 being stepped by two events at once even when Gradio's cancellation lets an in-flight round finish. Gradio keeps
 gr.State values by reference (only the initial value is deep-copied), so a session holds the shared, read-only
 models by reference and nothing is copied.
+
+History: the texts of this session's earlier runs (`earlier_texts`), which a new run's suffix drafter indexes besides
+its prompt and output. They live in this Session only -- one browser tab's gr.State -- and reach a decoder only as
+the `history` argument the playground passes; no other session, module or cache ever holds them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from specdec.core.record import RunRecord
 
 from .loader import LoadJob
 
+MAX_HISTORY_RUNS = 8  # earlier runs a session remembers for the suffix drafter (the most recent)
 LOCK_TIMEOUT_S = 60.0  # longest wait for an in-flight round (the default pair needs ~1 s per round on CPU)
 # Rounds faster than this (tiny pair, GPUs) are paced for display: a browser needs ~0.1 s to draw an update on a
 # slow machine, and queued updates make Stop look ignored. The wait is outside Decoder.step, so round_ms, tok/s
@@ -50,6 +55,7 @@ class Session:
     interrupt: tuple[str, int] | None = None  # ("stop" | "reset" | "replay", run id) left for the streamer
     last_click: int = 0  # number of the newest token click answered (the page numbers its clicks 1, 2, ...)
     click_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    history: list[str] = field(default_factory=list, repr=False)  # earlier runs' output texts, oldest first
 
     # -- what is on screen -------------------------------------------------------------------------------------
     def current(self) -> RunRecord | None:
@@ -69,6 +75,20 @@ class Session:
         """A decoder that Step and Run to end can continue."""
         return self.decoder is not None and not self.decoder.done
 
+    def earlier_texts(self) -> list[str]:
+        """This session's earlier runs' outputs, the one on screen included: what a new run's suffix drafter may
+        index (at most MAX_HISTORY_RUNS, oldest first)."""
+        text = self._shown_text()
+        return (self.history + ([text] if text else []))[-MAX_HISTORY_RUNS:]
+
+    def _shown_text(self) -> str:
+        rec = self.current() if (self.decoder is not None or self.record is not None) else None
+        return rec.text if rec is not None else ""
+
+    def _remember(self) -> None:
+        """Keep the run on screen's output in the history before it leaves the screen."""
+        self.history = self.earlier_texts()
+
     # -- run protocol ------------------------------------------------------------------------------------------
     def new_run(self) -> int:
         """Invalidate whatever run is streaming; return the id of the run that starts now."""
@@ -80,6 +100,7 @@ class Session:
         # Under the lock: a superseded run's in-flight round must not land in the new run's lists.
         self.acquire()
         try:
+            self._remember()
             self.decoder, self.record, self.job = decoder, record, job
             self.round_html, self.ui_ms = [], []
             for rnd in record.rounds if record is not None else []:  # a replay arrives with all its rounds
@@ -90,6 +111,7 @@ class Session:
     def clear(self) -> None:
         self.acquire()
         try:
+            self._remember()
             self.decoder, self.record, self.job = None, None, None
             self.round_html, self.ui_ms = [], []
         finally:

@@ -25,7 +25,7 @@ from specdec.core.tree_events import TreeRoundEvent
 from specdec.core.verify import ModeVerdict
 
 # What became of one draft position, decided once here and read by every renderer and statistic:
-ACCEPTED = "accepted"  # kept by the rule and committed to the text
+KEPT = "kept"  # accepted by the rule and committed to the text (the glossary's "kept")
 REJECTED = "rejected"  # the first guess the rule refused; the repair token took its place in the text
 DISCARDED = "discarded"  # after a rejection: never tested
 CUT = "cut"  # tested (kept or refused) but past a committed EOS or the token budget, so not in the text
@@ -33,7 +33,7 @@ CUT = "cut"  # tested (kept or refused) but past a committed EOS or the token bu
 
 
 def draft_fates(gamma: int, n_accepted: int, rejected_at: int | None, n_committed: int) -> list[str]:
-    """One of ACCEPTED / REJECTED / DISCARDED / CUT per guess of a round that drafted `gamma` guesses, of which the
+    """One of KEPT / REJECTED / DISCARDED / CUT per guess of a round that drafted `gamma` guesses, of which the
     rule accepted `n_accepted` (refusing the one at `rejected_at`, None: none refused) and `n_committed` tokens
     reached the text. The one definition of what a round's guesses count for (`Round.fates`, the batched loop)."""
     out = []
@@ -43,8 +43,11 @@ def draft_fates(gamma: int, n_accepted: int, rejected_at: int | None, n_committe
         elif i >= n_committed:
             out.append(CUT)
         else:
-            out.append(ACCEPTED if i < n_accepted else REJECTED)
+            out.append(KEPT if i < n_accepted else REJECTED)
     return out
+
+
+COPY_SOURCES = ("prompt", "output", "earlier run")  # DraftNote.source: this run's prompt, its output, a past run
 
 
 @dataclass
@@ -58,7 +61,7 @@ class TokenProb:
 class DraftNote:
     """Where a drafter's guesses came from, for display. Plain JSON-ready fields; absent ones stay None."""
 
-    drafter: str  # "model", "ngram", "early-exit", "cross", "predicted"
+    drafter: str  # "model", "ngram", "early-exit", "cross", "predicted", "suffix", "auto"
     one_hot: bool = False  # q is 1 on each guess: a deterministic proposal (copied or re-tokenized text)
     # ngram: index in prompt + generated ids where the copied tokens start; predicted: index in the PREDICTION's
     # tokens (settings.prediction, target tokenizer) of the first proposed token
@@ -69,6 +72,9 @@ class DraftNote:
     layers: int | None = None  # early-exit: how many of the target's layers drafted
     total_layers: int | None = None  # early-exit: the target's layer count
     draft_pieces: list[str] | None = None  # cross: the draft model's own tokens (its own vocabulary)
+    # suffix: where the first copied token came from, one of COPY_SOURCES; source_start is then its index in the
+    # prompt + generated ids ("prompt", "output") or in that earlier run's tokens ("earlier run")
+    source: str | None = None
 
 
 @dataclass
@@ -86,7 +92,8 @@ class Totals:
     elapsed_ms: float = 0.0  # wall time since the first round started (it includes running the prompt)
 
     @property
-    def acceptance_rate(self) -> float:
+    def kept_rate(self) -> float:
+        """Kept / drafted guesses (vLLM's "draft acceptance rate")."""
         return self.kept / self.drafted if self.drafted else 0.0
 
     def count(self, fates: list[str], n_committed: int) -> None:
@@ -95,8 +102,8 @@ class Totals:
         self.target_passes += 1
         self.generated += n_committed
         self.drafted += len(fates)
-        self.kept += fates.count(ACCEPTED)
-        self.tested += fates.count(ACCEPTED) + fates.count(REJECTED)
+        self.kept += fates.count(KEPT)
+        self.tested += fates.count(KEPT) + fates.count(REJECTED)
 
     def observe(self, rnd: "Round") -> None:
         """Add a round: its counts (by `Round.fates`) and its draft and verify time."""
@@ -166,19 +173,19 @@ class Round:
 
     @property
     def fates(self) -> list[str]:
-        """One of ACCEPTED / REJECTED / DISCARDED / CUT per draft position."""
+        """One of KEPT / REJECTED / DISCARDED / CUT per draft position."""
         return draft_fates(self.gamma, self.n_accepted, self.rejected_at, len(self.committed_ids))
 
     @property
     def kept(self) -> int:
         """Guesses kept and committed: what acceptance statistics count."""
-        return self.fates.count(ACCEPTED)
+        return self.fates.count(KEPT)
 
     @property
     def tested(self) -> int:
         """Guesses the rule decided on within the committed text (kept ones plus a committed rejection)."""
         f = self.fates
-        return f.count(ACCEPTED) + f.count(REJECTED)
+        return f.count(KEPT) + f.count(REJECTED)
 
     @property
     def test_name(self) -> str:

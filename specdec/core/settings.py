@@ -28,11 +28,13 @@ SEED_REPRODUCIBLE_POLICIES = ("fixed", "heuristic", "confidence")
 # Who proposes the guesses (specdec/drafters/): the draft model, n-gram prompt lookup, the target's own first
 # layers (self-speculative early exit), a draft model with another tokenizer whose text is re-tokenized, or a
 # text the user expects the output to be (predicted output), or "auto": a copy after a strong n-gram match, else
-# (and past the copy) the draft model (drafters/hybrid.py).
-DRAFTERS = ("model", "ngram", "early-exit", "cross", "predicted", "auto")
+# (and past the copy) the draft model (drafters/hybrid.py), or "suffix": the most frequent continuation of the
+# text's end in an index over the prompt, the output and the session's earlier runs (drafters/suffix.py).
+DRAFTERS = ("model", "ngram", "early-exit", "cross", "predicted", "auto", "suffix")
 # How people read a drafter's name: the one table every view uses (dropdowns, race lanes, the break-even map).
 DRAFTER_LABELS = {"model": "draft model", "ngram": "n-gram lookup", "early-exit": "early exit",
-                  "cross": "cross-tokenizer", "predicted": "predicted output", "auto": "hybrid (copy, else model)"}
+                  "cross": "cross-tokenizer", "predicted": "predicted output", "auto": "hybrid (copy, else model)",
+                  "suffix": "suffix index"}
 # How the target checks the guesses (core.verify): "pq" keeps a guess x with probability min(1, p(x)/q(x)) and
 # repairs from normalize(max(0, p - q)) (Leviathan et al.); "strict" draws the target's own token at each position
 # and keeps a guess only if it is that token (the default of vLLM's strict sampler, TensorRT-LLM, llama.cpp);

@@ -7,9 +7,11 @@ nothing (tokens of length 0): the round is then a plain target step (its "bonus"
 `make_drafter` picks one by `DecodeSettings.drafter`: "model" (model.py), "ngram" (prompt lookup, ngram.py),
 "early-exit" (the target's first layers, early_exit.py), "cross" (a draft with another tokenizer, cross.py),
 "predicted" (the user's expected output, predicted.py), "auto" (a copy after a strong n-gram match, else the
-draft model, hybrid.py).
-Every drafter works with every warp and gamma policy, except the pairs in REFUSED (ngram and predicted have no
-confidence).
+draft model, hybrid.py), "suffix" (the most frequent continuation in a suffix index over the prompt, the output
+and the session's earlier runs, suffix.py).
+Every drafter works with every warp and gamma policy, except the pairs in REFUSED (ngram, suffix and predicted have
+no confidence). Under the `expected` policy the copying drafters in GAIN_DRAFTERS choose each copy's length by
+expected gain (gain.py) and the policy asks for MAX_GAMMA.
 """
 
 from __future__ import annotations
@@ -33,11 +35,27 @@ REFUSED = {
                              "the ngram drafter has no such probability: it copies text, so its q is 1 on every "
                              "guess and the policy would never stop it (the same as fixed); choose fixed, "
                              "heuristic or expected",
+    ("suffix", "confidence"): "the confidence policy ends a draft after a guess the draft model is unsure of, and "
+                              "the suffix drafter has no such probability: it copies text, so its q is 1 on every "
+                              "guess (its own stop is the copied path's frequency); choose fixed, heuristic or "
+                              "expected",
     ("predicted", "confidence"): "the confidence policy ends a draft after a guess the draft model is unsure of, "
                                  "and the predicted drafter has no such probability: it copies the prediction, so "
                                  "its q is 1 on every guess and the policy would never stop it (the same as fixed); "
                                  "choose fixed, heuristic or expected",
 }
+
+
+# Copying drafters that pick their own copy length by expected gain under the `expected` gamma policy (gain.py).
+GAIN_DRAFTERS = ("ngram", "suffix")
+
+
+def copy_length_rule(settings: "DecodeSettings", replay: bool = False) -> str:
+    """What limits a copying drafter's copy: "gain" under the expected policy ("asked" when a recorded schedule of
+    those lengths is replayed), else "match" (the drafter's own match-length rule)."""
+    if settings.drafter in GAIN_DRAFTERS and settings.gamma_policy == "expected":
+        return "asked" if replay else "gain"
+    return "match"
 
 
 def check_combination(settings: "DecodeSettings") -> None:
@@ -48,10 +66,16 @@ def check_combination(settings: "DecodeSettings") -> None:
 
 
 def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list[int],
-                 cross_draft: "CrossDraft | None" = None, hybrid_lead: str = "copy") -> Drafter:
+                 cross_draft: "CrossDraft | None" = None, hybrid_lead: str = "copy", history=(),
+                 replay: bool = False) -> Drafter:
     """The drafter `settings.drafter` names, set up for this pair and prompt.
 
     `hybrid_lead`: who goes first in a hybrid ("auto") round, HybridDrafter's `lead` ("copy"; "model" in the suite).
+
+    `history`: texts of this visitor's earlier runs (strings), which the suffix drafter indexes besides the prompt
+    and the output -- passed in by whoever owns them (the app: one browser session's own runs), never shared.
+    `replay`: the rounds' lengths are forced (a recorded schedule), so a copy under the expected policy takes them
+    as asked instead of choosing its own (`copy_length_rule`).
 
     `cross_draft` (a model + tokenizer of another vocabulary) replaces the default cross draft (SmolLM2-135M, or a
     tiny one for the tiny pair), e.g. in tests.
@@ -72,7 +96,13 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
     if settings.drafter == "ngram":
         from specdec.drafters.ngram import NgramDrafter
 
-        return NgramDrafter(pair.vocab_size, pair.device, settings.ngram_max, settings.ngram_min, pair.eos_token_ids)
+        return NgramDrafter(pair.vocab_size, pair.device, settings.ngram_max, settings.ngram_min, pair.eos_token_ids,
+                            length=copy_length_rule(settings, replay))
+    if settings.drafter == "suffix":
+        from specdec.drafters.suffix import SuffixDrafter, tokenize_history
+
+        return SuffixDrafter(pair.vocab_size, pair.device, pair.eos_token_ids,
+                             tokenize_history(pair.tokenizer, history), length=copy_length_rule(settings, replay))
     if settings.drafter == "early-exit":
         from specdec.drafters.early_exit import EarlyExitDrafter
 
@@ -92,5 +122,5 @@ def make_drafter(pair: "ModelPair", settings: "DecodeSettings", prompt_ids: list
     raise InvalidInputError(f"unknown drafter {settings.drafter!r}")
 
 
-__all__ = ["Draft", "DraftModelDrafter", "Drafter", "check_combination", "make_drafter", "no_draft", "one_hot_draft",
-           "resolve_draft_vocab"]
+__all__ = ["GAIN_DRAFTERS", "Draft", "DraftModelDrafter", "Drafter", "check_combination", "copy_length_rule",
+           "make_drafter", "no_draft", "one_hot_draft", "resolve_draft_vocab"]

@@ -20,6 +20,9 @@ class Draft:
     tokens: torch.Tensor  # LongTensor [g], g may be 0
     probs: Probs  # [g, V] the warped q each token was sampled from (OneHot for greedy or a deterministic proposal)
     note: DraftNote | None = None  # where the guesses came from, for display
+    # A drafter that chose its own length (a copy cut by expected gain): that length, recorded as the round's
+    # `asked` so a replay with the recorded lengths drafts the same guesses; None: the policy's gamma stands
+    asked: int | None = None
 
 
 def no_draft(vocab_size: int, device, note: DraftNote | None = None) -> Draft:

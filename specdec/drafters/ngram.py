@@ -7,7 +7,9 @@ the best predictor of how it goes on (transformers' prompt lookup takes the left
 
 How many tokens to copy depends on how long the match is (`copy_length`): gamma after a strong match, fewer after
 a one- or two-token match, which is often a coincidence (a common word, a bracket). Every guess widens the target's
-verification pass, so weak guesses are not free even though drafting them is.
+verification pass, so weak guesses are not free even though drafting them is. Under the `expected` gamma policy
+the copy's length is chosen instead by expected gain (`gain.CopyGain`: this run's acceptance by match length and
+position in the copy against the measured cost of width).
 
 The proposal is a deterministic function of the committed text, so q is one-hot on it: verification keeps a guess x
 with probability p(x) and repairs from p with x removed, which is exact at every temperature. No match means no
@@ -113,11 +115,21 @@ class NgramDrafter:
     """Prompt-lookup drafter: copies what followed the most recent earlier match of the text's last n tokens, more of it
     the longer the match."""
 
-    def __init__(self, vocab_size: int, device, n_max: int = 4, n_min: int = 1, eos_token_ids: tuple[int, ...] = ()):
+    def __init__(self, vocab_size: int, device, n_max: int = 4, n_min: int = 1, eos_token_ids: tuple[int, ...] = (),
+                 length: str = "match", gain=None):
+        """`length`: what limits a copy -- "match" (`copy_length`), "gain" (`gain.CopyGain` cuts the gamma tokens
+        found where one more stops paying; the `expected` policy) or "asked" (gamma: a replay of a "gain" run)."""
+        if length not in ("match", "gain", "asked"):
+            raise ValueError(f"length must be match, gain or asked, got {length!r}")
+        if length == "gain" and gain is None:
+            from specdec.drafters.gain import CopyGain
+
+            gain = CopyGain()
         self.vocab_size = vocab_size
         self.device = device
         self.n_max, self.n_min = n_max, n_min
         self.eos = set(eos_token_ids)
+        self.length, self.gain = length, gain
         # The committed ids as a growing numpy buffer: the text only ever grows, so each round appends its new tokens
         # instead of converting the whole list again.
         self._buf = np.zeros(1024, dtype=np.int64)
@@ -149,9 +161,16 @@ class NgramDrafter:
         if found is None:
             return no_draft(self.vocab_size, self.device, DraftNote("ngram", one_hot=True))
         src, n, tokens = found
-        tokens = tokens[: copy_length(n, self.n_max, gamma)]
-        return one_hot_draft(tokens, self.vocab_size, self.device,
-                             DraftNote("ngram", one_hot=True, source_start=src, match_len=n), self.eos)
+        asked = None
+        if self.length == "match":
+            tokens = tokens[: copy_length(n, self.n_max, gamma)]
+        elif self.length == "gain":
+            asked = self.gain.choose(n, len(tokens))
+            tokens = tokens[:asked]
+        draft = one_hot_draft(tokens, self.vocab_size, self.device,
+                              DraftNote("ngram", one_hot=True, source_start=src, match_len=n), self.eos)
+        draft.asked = asked
+        return draft
 
     def propose_tree(self, committed, depth, budget, cfg, gen) -> TokenTree:
         """A tree of the continuations of every earlier match (see the module docstring), each branch as long as
@@ -162,3 +181,8 @@ class NgramDrafter:
 
     def feedback(self, committed, n_accepted, n_drafted) -> None:
         pass
+
+    def observe(self, rnd) -> None:
+        """Told each finished Round (its timings and fates): the gain rule learns from it."""
+        if self.gain is not None:
+            self.gain.observe(rnd)

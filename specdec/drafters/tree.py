@@ -109,7 +109,7 @@ def _rows(qs: list):
 
 # ------------------------------------------------------------------------------------------------ copy trees
 
-COPY_TREE_DRAFTERS = ("ngram", "predicted")  # drafters with propose_tree; "model" trees come from draft_tree
+COPY_TREE_DRAFTERS = ("ngram", "predicted", "suffix")  # drafters with propose_tree; "model" trees come from draft_tree
 
 
 class TreeDrafter(Protocol):

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from specdec.core.errors import InvalidInputError, TraceError, whole_number
-from specdec.core.events import DraftNote, Round
+from specdec.core.events import COPY_SOURCES, DraftNote, Round
 from specdec.core.metrics import StepCosts
 from specdec.core.record import PairInfo, RunRecord
 from specdec.core.sampling import SamplingConfig
@@ -486,6 +486,8 @@ def _check_note(n, where: str) -> None:
     for key in NOTE_INTS:
         if n.get(key) is not None:
             _whole(n[key], f"{where}.{key}", 0)
+    if n.get("source") is not None and n["source"] not in COPY_SOURCES:
+        raise TraceError(f"{where}.source must be one of {', '.join(COPY_SOURCES)} or null, got {_short(n['source'])}")
     if n.get("draft_pieces") is not None:
         pieces = n["draft_pieces"]
         _strings(pieces, f"{where}.draft_pieces", len(pieces) if isinstance(pieces, list) else -1)

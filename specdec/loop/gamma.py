@@ -7,7 +7,9 @@ Each policy has `gamma` (what the next round asks for) and `observe(round)` (tol
 - confidence: gamma every round; the drafter itself ends a draft after a guess it is unsure of.
 - heuristic: +2 after a round that kept every guess it drafted, -1 otherwise; a round that drafted nothing
   (a copying drafter without a match) says nothing about acceptance and leaves gamma as it is.
-- expected: the gamma with the best predicted speedup for decayed running estimates of alpha and c_loop.
+- expected: the gamma with the best predicted speedup for decayed running estimates of alpha and c_loop; for the
+  copying drafters that choose their own copy length by expected gain (drafters.GAIN_DRAFTERS, drafters/gain.py)
+  it asks for MAX_GAMMA and the drafter cuts each copy.
 - `Scheduled`: forced gammas (a trace's), then the wrapped policy.
 """
 
@@ -17,6 +19,7 @@ from specdec.core.events import Round
 from specdec.core.metrics import loop_cost_ratio
 from specdec.core.speedup import leviathan_speedup
 from specdec.core.settings import MAX_GAMMA, DecodeSettings
+from specdec.drafters import GAIN_DRAFTERS
 
 
 class FixedGamma:
@@ -76,5 +79,8 @@ POLICIES = {"fixed": FixedGamma, "confidence": FixedGamma, "heuristic": Heuristi
 
 
 def make_policy(settings: DecodeSettings, schedule: list[int] | None = None):
-    policy = POLICIES[settings.gamma_policy](settings.gamma)
+    if settings.gamma_policy == "expected" and settings.drafter in GAIN_DRAFTERS:
+        policy = FixedGamma(MAX_GAMMA)  # the drafter picks each copy's length (drafters/gain.py)
+    else:
+        policy = POLICIES[settings.gamma_policy](settings.gamma)
     return policy if schedule is None else Scheduled(schedule, policy)

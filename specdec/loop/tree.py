@@ -2,8 +2,8 @@
 from the root, and the target's cache (and the draft model's, when it drafted) keeps exactly the accepted path.
 
 Who drafts follows `settings.drafter`: "model" grows the tree from the draft model (`drafters.tree.draft_tree`,
-children per depth from `widths`, chosen by `mode`); "ngram" and "predicted" copy it from the text or the
-prediction (their `propose_tree`: a branch per distinct continuation, one-hot q), the widths then bounding its
+children per depth from `widths`, chosen by `mode`); "ngram", "predicted" and "suffix" copy it from the text
+or the prediction (their `propose_tree`: a branch per distinct continuation, one-hot q), the widths then bounding its
 depth and node count (`drafters.tree.copy_tree_bounds`).
 
 Each round also becomes display events (`loop.tree_display`): `TreeRound.event`, the whole tree with p, q, the
@@ -45,8 +45,8 @@ class TreeRound:
 @dataclass
 class TreeDecoder:
     """Speculative decoding with a token tree each round: a draft-model tree (widths per depth, children chosen by
-    `mode`), or, with `drafter` (a `TreeDrafter`; made from settings.drafter "ngram" or "predicted" when None), a
-    copied tree within the widths' depth and node count."""
+    `mode`), or, with `drafter` (a `TreeDrafter`; made from settings.drafter "ngram", "predicted" or "suffix" when
+    None), a copied tree within the widths' depth and node count."""
 
     pair: ModelPair
     prompt: str
