@@ -111,7 +111,7 @@ def test_engine_names_and_limits_are_checked(no_eos, monkeypatch):
     with pytest.raises(InvalidInputError, match=f"static cache holds {lm.max_len} tokens"):
         lm.feed(list(range(3, 3 + MIN_SLOTS)))
     with pytest.raises(UnsupportedModelError, match="eager engine"):
-        lm.logits_for_tree([1, 2], None)
+        lm.score(torch.tensor([[1, 2], [3, 4]]))  # one row: batches run on the eager engine
     assert BUCKETS[0] == 1 and list(BUCKETS) == sorted(BUCKETS)
 
 
@@ -135,3 +135,32 @@ def test_precompiled_buckets_leave_nothing_to_compile_mid_run(no_eos):
     text_of(on(no_eos, "compiled"), gamma=4, max_new_tokens=30)  # γ shrinks near the budget: passes of 1..6
     text_of(on(no_eos, "compiled"), prompt="x", drafter="auto", gamma=3, max_new_tokens=20)
     assert dict(counters["stats"]).get("unique_graphs") == before.get("unique_graphs")
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+@pytest.mark.parametrize("how", ["gather", "refeed"])
+def test_trees_on_the_static_cache_give_a_fresh_forwards_logits(no_eos, bucketed, how):
+    """Token trees on the static cache (the mask spans every slot, the stale ones hidden; bucketed: the node count
+    padded to a bucket, the padding seeing only itself): every node's row equals a fresh forward of its path, and
+    after keep_path the cache holds exactly the committed text, round after round."""
+    import random
+
+    from tests.test_tree_scoring import fresh, fresh_rows, max_diff, path_tokens, random_tree
+
+    v, model = no_eos.vocab_size, no_eos.target
+    lm = StaticCachedLM(model, v, max_len=64)
+    lm.bucketed = bucketed
+    rng = random.Random(3)
+    committed = [5, 40, 41, 42, 7, 60]
+    for _ in range(6):
+        tree = random_tree(rng, v)
+        got = lm.logits_for_tree(committed, tree)
+        assert max_diff(got, fresh_rows(model, committed, tree, v)) < 1e-4
+        node = rng.choice([-1] + list(range(tree.size)))
+        after = committed + path_tokens(tree, node) + [rng.randrange(4, v)]
+        lm.keep_path(after, tree.path_to(node), how)
+        assert int(lm.cache.get_seq_length()) == lm.width == len(lm.ids) and lm.ids == after[: len(lm.ids)]
+        committed = after
+        assert max_diff(lm.logits_after(committed), fresh(model, committed, v)[None]) < 1e-4
+    if bucketed:
+        assert lm.passes["bucketed"] > 0

@@ -1,7 +1,9 @@
-"""A causal LM plus its KV cache, kept in step with the token ids the cache holds.
+"""The scorer: a causal LM plus its KV cache over B rows, fed through one primitive (`CachedLM.score`).
 
-Both the target and the draft model go through this: it feeds only the tokens the cache has not seen, and
-rolls the cache back (DynamicCache.crop) to the longest prefix that is still part of the committed text.
+Every loop goes through it -- chains, token trees, lockstep and ragged batches, eager and static caches: a pass
+feeds token ids at given positions with a given visibility, and afterwards the cache keeps exactly what the rule
+committed (a crop, a tree's accepted path, a row's holes masked). Batch 1 also keeps the token ids the cache holds,
+so it feeds only the tokens the cache has not seen and rolls back to the longest prefix still committed.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class ReducedHead:
         return logits
 
 
-# ---------------------------------------------------------------------------------------------- token-tree masks
+# ---------------------------------------------------------------------------------------------- the scorer
 #
 # How transformers 5.24 takes a custom attention mask (read in the installed source):
 # - masking_utils._preprocess_mask_arguments: "If the mask is already 4D, simply return as-is (it was already
@@ -120,39 +122,62 @@ class ReducedHead:
 # - models/qwen2/modeling_qwen2.py, Qwen2Model.forward: `attention_mask` may also be a dict {layer kind: mask},
 #   used as the per-kind mapping as is ("It may already have been prepared by e.g. `generate`"); Qwen3, SmolLM3
 #   and Gemma2 do the same. Llama, Mistral, Phi-3, GPT-2, Granite and OLMo2 build one mask and take a tensor only.
+# - With no mask and no position ids, Qwen2Model.forward numbers the fed tokens from cache.get_seq_length() and
+#   create_causal_mask builds the causal mask itself (sdpa may then run with is_causal and no mask at all): that is
+#   the scorer's fast path, taken whenever every row is plain text at the same length and the fed block is causal.
 # - What the tensor means depends on the attention implementation: eager_attention_forward (modeling_qwen2.py)
 #   does `attn_weights = attn_weights + attention_mask`, so a boolean mask is ADDED as 0/1 and hides nothing
 #   (silently wrong logits); integrations/sdpa_attention.py, sdpa_attention_forward, hands it to torch's
 #   scaled_dot_product_attention as attn_mask (bool: attend where True; float: added) and uses is_causal=False
 #   whenever a mask is given. An additive float mask in the model's dtype (0 visible, finfo(dtype).min hidden)
-#   means the same to both, so that is what tree_attention_mask builds. The tiny test models run sdpa
+#   means the same to both, so that is what visibility_mask builds. A static cache's keys span every allocated
+#   slot, so its mask has one column per slot (the ones past the text hidden). The tiny test models run sdpa
 #   (config._attn_implementation); tests/test_tree_scoring.py checks eager as well.
 
 KEEP_STRATEGIES = ("gather", "refeed")
 
 
+def tail_and_nodes(n_tail: int, visible: torch.Tensor) -> torch.Tensor:
+    """The fed block [n_tail + n, n_tail + n] of a tree pass: a committed tail that attends causally, then n nodes
+    that see the whole tail, and each other where visible [n, n] (itself and its ancestors, for a tree)."""
+    n = int(visible.shape[-1])
+    keep = torch.ones(n_tail + n, n_tail + n, dtype=torch.bool, device=visible.device).tril_()
+    keep[n_tail:, n_tail:] = visible.to(torch.bool)
+    return keep
+
+
+def visibility_mask(cached: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor,
+                    key_positions: torch.Tensor, window: int | None, dtype: torch.dtype,
+                    width: int | None = None) -> torch.Tensor:
+    """The one attention-mask builder: additive [B, 1, n, width] in `dtype` (0 visible, finfo(dtype).min hidden) for
+    n fed tokens after L cached slots, never more than the n new rows.
+
+    cached [B, L] bool: which cached slots hold the row's text (False: a hole); visible [B, n, n] bool: which fed
+    tokens each fed token sees; positions [B, n]: the fed tokens' position ids; key_positions [B, L]: the cached
+    slots'. With a sliding `window` a query also hides the keys `window` or more positions back (as
+    masking_utils.sliding_window_overlay: visible where kv > q - window). Columns L + n .. width (a static cache's
+    slots past the text) are hidden.
+    """
+    b, n = positions.shape
+    cols = int(cached.shape[1]) + n
+    keep = torch.zeros(b, n, width or cols, dtype=torch.bool, device=positions.device)
+    keep[:, :, : cols - n] = cached[:, None, :]
+    keep[:, :, cols - n : cols] = visible
+    if window is not None:
+        kpos = torch.cat([key_positions, positions], 1)
+        keep[:, :, :cols] &= (positions[:, :, None] - kpos[:, None, :]) < window
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(
+        ~keep, torch.finfo(dtype).min)[:, None]
+
+
 def tree_attention_mask(n_cached: int, n_tail: int, visible: torch.Tensor, positions: torch.Tensor,
                         window: int | None, dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive mask [1, 1, n_tail + n, n_cached + n_tail + n] for one forward of a committed tail plus n nodes.
-
-    The tail (n_tail tokens after n_cached cached ones) attends causally; node i attends to every cached and tail
-    slot plus the fed nodes j where visible[i, j] (itself and its ancestors, for a tree). positions: the position
-    id of every fed token, [n_tail + n]; with a sliding `window` a query also hides the keys `window` or more
-    positions back (as masking_utils.sliding_window_overlay: visible where kv > q - window).
-    """
-    n = int(visible.shape[0])
-    prefix = n_cached + n_tail
-    keep = torch.zeros(n_tail + n, prefix + n, dtype=torch.bool, device=device)
-    keep[:n_tail, :n_cached] = True
-    keep[:n_tail, n_cached:prefix] = torch.ones(n_tail, n_tail, dtype=torch.bool, device=device).tril_()
-    keep[n_tail:, :prefix] = True
-    keep[n_tail:, prefix:] = visible.to(device=device, dtype=torch.bool)
-    if window is not None:
-        positions = positions.to(device)
-        key_pos = torch.cat([torch.arange(n_cached, device=device), positions])
-        keep &= (positions[:, None] - key_pos[None, :]) < window
-    mask = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)
-    return mask[None, None]
+    """visibility_mask of one tree pass over n_cached plain slots: [1, 1, n_tail + n, n_cached + n_tail + n] for a
+    committed tail (causal) plus n nodes (visible [n, n]); positions [n_tail + n]."""
+    cached = torch.ones(1, n_cached, dtype=torch.bool, device=device)
+    block = tail_and_nodes(n_tail, visible.to(device))[None]
+    return visibility_mask(cached, block, positions.to(device)[None], torch.arange(n_cached, device=device)[None],
+                           window, dtype)
 
 
 def sliding_window_of(config) -> tuple[int | None, bool]:
@@ -168,20 +193,62 @@ def sliding_window_of(config) -> tuple[int | None, bool]:
     return None, False
 
 
+def _slot_layers(cache) -> list | None:
+    """The cache's layers when every one keeps plain [B, heads, slots, dim] tensors that slots can be moved in
+    (DynamicLayer, StaticLayer); None otherwise."""
+    from transformers.cache_utils import StaticLayer
+
+    layers = list(getattr(cache, "layers", ()))
+    return layers if all(type(layer) in (DynamicLayer, StaticLayer) for layer in layers) else None
+
+
 class CachedLM:
+    """A causal LM and its KV cache over B rows: the one scorer every loop calls (chains, trees, lockstep and
+    ragged batches; `StaticCachedLM` is the same over preallocated slots).
+
+    One primitive feeds the model: `score(ids [B, n], positions [B, n] | None, visible [B, n, n] | None)` ->
+    logits [B, n, V]. The cache is a set of slots per row: `valid` [B, T] says which hold the row's text (None: all
+    of them, in order, every row at the same length) and `kpos` their position ids. With no `visible`, no padding
+    and no holes the pass is causal and goes to the model with no mask at all (a chain, or a rectangle of rows at
+    one length); otherwise `visibility_mask` builds the n new rows x (T + n) columns, in the model's dtype.
+
+    After the rule decides, what was committed is kept: `crop` (a chain), `keep_path` (a tree's accepted path:
+    gathered into place, or cropped to be fed again), `drop` / `finish_row` (a row's discarded slots become holes,
+    masked), `trim` (trailing holes cropped) and `compact` (a gather so each row's text is right-aligned again).
+
+    Batch 1 (the chain decoders and the tree decoder) also keeps `ids`, the tokens whose slots are cached, in order:
+    `sync`, `feed`, `logits_after` and `logits_for_tree` feed only what the cache has not seen.
+    `head_vocab` > 0 computes logits only for token ids < head_vocab (plus `always_keep`, e.g. EOS, plus any id
+    later passed to `keep_in_head`): a `ReducedHead`. Used for drafts.
+    """
+
+    # keep_path's default. scripts/tree_keep_bench.py, on a random Qwen2.5-0.5B-shaped model (fp32, CPU, one thread,
+    # 256 committed tokens, trees of 8 and 16 nodes): a gather costs ~0.4 ms against ~0.1 ms for the crop, while
+    # re-feeding k = 1..4 accepted tokens adds ~3-31 ms to a ~390-500 ms next pass (refeed / gather 1.01-1.08 per
+    # round); on the tiny pair the two tie (passes of ~1.5 ms either way).
+    KEEP_PATH = "gather"
+
     def __init__(self, model: torch.nn.Module, vocab_size: int, head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
-        """head_vocab > 0 computes logits only for token ids < head_vocab (plus `always_keep`, e.g. EOS, plus any id
-        later passed to `keep_in_head`): a `ReducedHead`. Used for drafts.
-        """
         self.model = model
         self.vocab_size = vocab_size
         self.device = next(model.parameters()).device
         check_rollback(model.config)
-        self.cache = rollback_cache()
-        self.ids: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self.cache = self.new_cache()
+        self.ids: list[int] = []  # batch 1: tokens whose keys/values are in the cache, in order
         self.head = ReducedHead(model, vocab_size, head_vocab, always_keep)
+        self.plain_head = model.config.model_type in PLAIN_HEAD_TYPES
+        self.out_head = model.get_output_embeddings()
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.window, self.mixed = sliding_window_of(model.config)
+        self.width = 0  # slots held per row
+        self.valid: torch.Tensor | None = None  # [B, width] bool: the slot holds the row's text (None: every slot)
+        self.kpos: torch.Tensor | None = None  # [B, width] position id of every slot (None: its index)
+        self.compactions = 0
         # (node tokens, parents) while the slots of a tree scored by logits_for_tree follow self.ids in the cache
         self._tree: tuple[list[int], list[int]] | None = None
+
+    def new_cache(self):
+        return rollback_cache()
 
     @property
     def head_cut(self) -> int:
@@ -198,10 +265,183 @@ class CachedLM:
     def __len__(self) -> int:
         return len(self.ids)
 
+    # ------------------------------------------------------------------------------------------ the primitive
+
+    def lengths(self, batch: int = 1) -> torch.Tensor:
+        """Text slots cached per row, [B] (the next position of each row)."""
+        if self.valid is None:
+            return torch.full((batch,), self.width, dtype=torch.long, device=self.device)
+        return self.valid.sum(1)
+
+    def counts(self, batch: int) -> list[int]:
+        """Committed tokens cached per row."""
+        return self.lengths(batch).tolist()
+
+    @torch.inference_mode()
+    def score(self, ids: torch.Tensor, positions: torch.Tensor | None = None, visible: torch.Tensor | None = None,
+              pad: torch.Tensor | None = None, n_logits: int | None = None, all_columns: bool = True) -> torch.Tensor:
+        """Feed ids [B, n]; logits [B, n_logits, V] of the last n_logits fed tokens (all n by default).
+
+        positions [B, n]: each fed token's position id (None: each row's next positions, counting only real
+        tokens); visible [B, n, n] (or [n, n]) bool: which fed tokens each one attends to besides the row's cached
+        text (None: causal); pad [B, n] bool: fed tokens that are not text (a row's padding, or a stopped row's
+        filler), seen by no query and holes in the cache from the start. With none of the three and no holes, the
+        pass is the causal fast path (no mask). The fed slots stay cached until a keep call changes them.
+        """
+        b, n = ids.shape
+        n_logits = n if n_logits is None else n_logits
+        real = None if pad is None else ~pad.to(device=self.device, dtype=torch.bool)
+        if positions is None:
+            steps = (torch.arange(1, n + 1, device=self.device)[None] if real is None else real.long().cumsum(1))
+            positions = (self.lengths(b)[:, None] + steps - 1).clamp_min(0)
+        positions = positions.to(self.device)
+        extra = self._padding(b, n)
+        if extra:  # padded to a bucket: the padding sees only itself and is dropped again below
+            ids = torch.cat([ids, ids[:, -1:].expand(b, extra)], 1)
+            positions = torch.cat([positions, positions[:, -1:].expand(b, extra)], 1)
+            if visible is not None:
+                visible = torch.block_diag(visible.reshape(n, n).to(torch.bool),
+                                           torch.eye(extra, dtype=torch.bool, device=visible.device))[None]
+            if real is not None:
+                real = torch.cat([real, torch.zeros(b, extra, dtype=torch.bool, device=self.device)], 1)
+        mask = None
+        if visible is not None or real is not None or self.valid is not None:
+            mask = self._mask(b, positions, visible, real)
+        logits = self._forward(ids, positions, mask, n, n_logits, all_columns)
+        self._appended(b, real, positions)
+        if extra:
+            self._truncate(self.width - extra)
+        return logits
+
+    def _padding(self, batch: int, n: int) -> int:
+        """Fed tokens to add to a pass of n (a static cache's bucket); 0 here."""
+        return 0
+
+    def _body(self):
+        """The model body this pass runs on (a static cache's compiled one, for bucketed passes)."""
+        return self.model.base_model
+
+    def _mask(self, b: int, positions: torch.Tensor, visible: torch.Tensor | None,
+              real: torch.Tensor | None) -> torch.Tensor | dict:
+        n, dev = positions.shape[1], self.device
+        if visible is None:
+            visible = torch.ones(n, n, dtype=torch.bool, device=dev).tril_()
+        visible = visible.to(device=dev, dtype=torch.bool).expand(b, n, n)
+        if real is not None:  # padding is seen by nobody; a padding query sees itself (its output is never read)
+            visible = (visible & real[:, None, :]) | torch.eye(n, dtype=torch.bool, device=dev)
+        cached = (self.valid if self.valid is not None
+                  else torch.ones(b, self.width, dtype=torch.bool, device=dev))
+        kpos = (self.kpos if self.kpos is not None
+                else torch.arange(self.width, device=dev)[None].expand(b, -1))
+        width = self.mask_width(n)
+        mask = visibility_mask(cached, visible, positions, kpos, self.window, self.dtype, width)
+        if self.mixed:  # full and sliding layers: one mask per kind (Qwen2-style models take the dict as is)
+            full = visibility_mask(cached, visible, positions, kpos, None, self.dtype, width)
+            return {"full_attention": full, "sliding_attention": mask}
+        return mask
+
+    def mask_width(self, n: int) -> int | None:
+        """Key columns of a pass feeding n tokens (None: the cached slots + n)."""
+        return None
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask, n: int, n_logits: int,
+                 all_columns: bool) -> torch.Tensor:
+        """The one forward body: the model over the cache, logits of fed tokens n - n_logits .. n - 1."""
+        kw = dict(input_ids=ids, cache=self.cache, use_cache=True)
+        if mask is not None:
+            kw.update(attention_mask=mask, position_ids=positions)
+        if not self.head.cut and not self.plain_head:  # soft-capped or scaled heads: the model's own head
+            return self.model(**kw, logits_to_keep=n_logits).logits[:, -n_logits:, : self.vocab_size]
+        hidden = self._body()(**kw).last_hidden_state[:, n - n_logits : n]
+        if self.head.cut:
+            return self.head.project(hidden, all_columns)
+        return self.out_head(hidden)[..., : self.vocab_size]
+
+    def _appended(self, b: int, real: torch.Tensor | None, positions: torch.Tensor) -> None:
+        n = positions.shape[1]
+        if self.valid is not None or real is not None:
+            if self.valid is None:
+                self.valid = torch.ones(b, self.width, dtype=torch.bool, device=self.device)
+                self.kpos = torch.arange(self.width, device=self.device)[None].repeat(b, 1)
+            new = real if real is not None else torch.ones(b, n, dtype=torch.bool, device=self.device)
+            self.valid = torch.cat([self.valid, new], 1)
+            self.kpos = torch.cat([self.kpos, positions], 1)
+        self.width += n
+
+    def _truncate(self, n: int) -> None:
+        """Keep the first n slots of every row (a static cache moves its length back; the rest stay, masked)."""
+        if n < self.width:
+            self.cache.crop(n - self.width)  # transformers 5: a negative count of slots to drop
+            self.width = n
+            if self.valid is not None:
+                self.valid, self.kpos = self.valid[:, :n], self.kpos[:, :n]
+
+    # ------------------------------------------------------------------------------------------ rows
+
+    @property
+    def holes(self) -> float:
+        """Share of cached slots that hold no row's text (left padding included)."""
+        if not self.width or self.valid is None:
+            return 0.0
+        return 1.0 - float(self.valid.float().mean())
+
+    @property
+    def reclaimable(self) -> float:
+        """Share of cached slots that compaction would free: the width beyond the longest row's text."""
+        if not self.width or self.valid is None:
+            return 0.0
+        return 1.0 - int(self.valid.sum(1).max()) / self.width
+
+    @torch.inference_mode()
+    def drop(self, row: int, slots) -> None:
+        """Make the given cached slots of one row holes."""
+        slots = list(slots)
+        if slots:
+            self.valid[row, slots] = False
+
+    @torch.inference_mode()
+    def finish_row(self, row: int) -> None:
+        """A row that ended: every slot it holds becomes a hole."""
+        if self.valid is not None:
+            self.valid[row] = False
+
+    @torch.inference_mode()
+    def trim(self) -> None:
+        """Crop trailing slots that are holes in every row."""
+        if not self.width or self.valid is None:
+            return
+        used = self.valid.any(0).nonzero()
+        self._truncate(int(used[-1]) + 1 if used.numel() else 0)
+
+    @torch.inference_mode()
+    def compact(self) -> bool:
+        """Gather every layer's keys/values so each row's text slots are right-aligned, holes only on the left; the
+        cache shrinks to the longest row. False when the cache's layers are not plain DynamicLayers."""
+        layers = list(getattr(self.cache, "layers", ()))
+        if not self.width or self.valid is None or not all(type(layer) is DynamicLayer for layer in layers):
+            return False
+        t = self.width
+        w = int(self.valid.sum(1).max())
+        order = (self.valid.long() * t + torch.arange(t, device=self.valid.device)).argsort(1)  # holes first
+        idx = order[:, t - w :]
+        for layer in layers:
+            if not layer.is_initialized:
+                continue
+            for name in ("keys", "values"):
+                x = getattr(layer, name)  # [B, heads, T, dim]
+                gather = idx[:, None, :, None].expand(x.shape[0], x.shape[1], w, x.shape[3])
+                setattr(layer, name, x.gather(2, gather))
+        self.valid, self.kpos = self.valid.gather(1, idx), self.kpos.gather(1, idx)
+        self.width = w
+        self.compactions += 1
+        return True
+
+    # ------------------------------------------------------------------------------------------ batch 1
+
     def crop(self, n: int) -> None:
         self._drop_tree()
         if n < len(self.ids):
-            self.cache.crop(n - len(self.ids))  # transformers 5: a negative count of tokens to drop
+            self._truncate(n)
             del self.ids[n:]
 
     def sync(self, committed: list[int]) -> None:
@@ -227,27 +467,15 @@ class CachedLM:
         """
         self._drop_tree()
         inp = torch.tensor([ids], dtype=torch.long, device=self.device)
-        if not self.head.cut:
-            out = self.model(input_ids=inp, cache=self.cache, use_cache=True, logits_to_keep=n_logits)
-            self.ids.extend(ids)
-            return out.logits[0, -n_logits:, : self.vocab_size]
-        hidden = self.model.base_model(input_ids=inp, cache=self.cache, use_cache=True).last_hidden_state[0, -n_logits:]
-        self.ids.extend(ids)
-        return self.head.project(hidden, all_columns)
+        logits = self.score(inp, n_logits=n_logits, all_columns=all_columns)[0]
+        self.ids.extend(int(t) for t in ids)
+        return logits
 
     def logits_after(self, committed: list[int], extra: list[int] = (), n_logits: int = 1,
                      all_columns: bool = True) -> torch.Tensor:
         """Sync to committed, then feed the unseen committed tail plus `extra` in one forward pass."""
         self.sync(committed)
         return self.feed(committed[len(self.ids) :] + list(extra), n_logits, all_columns)
-
-    # ------------------------------------------------------------------------------------------ token trees
-
-    # keep_path's default. scripts/tree_keep_bench.py, on a random Qwen2.5-0.5B-shaped model (fp32, CPU, one thread,
-    # 256 committed tokens, trees of 8 and 16 nodes): a gather costs ~0.4 ms against ~0.1 ms for the crop, while
-    # re-feeding k = 1..4 accepted tokens adds ~3-31 ms to a ~390-500 ms next pass (refeed / gather 1.01-1.08 per
-    # round); on the tiny pair the two tie (passes of ~1.5 ms either way).
-    KEEP_PATH = "gather"
 
     @torch.inference_mode()
     def logits_for_tree(self, committed: list[int], tree, all_columns: bool = True,
@@ -271,22 +499,9 @@ class CachedLM:
         visible = tree.ancestors_mask() if visible is None else visible
         depths = torch.tensor(tree.depths, dtype=torch.long)
         positions = torch.cat([torch.arange(n_cached, n_cached + n_tail), len(committed) - 1 + depths])
-        dtype = self.model.get_input_embeddings().weight.dtype
-        window, mixed = sliding_window_of(self.model.config)
-        mask = tree_attention_mask(n_cached, n_tail, visible, positions, window, dtype, self.device)
-        if mixed:  # full and sliding layers: one mask per kind (Qwen2-style models take the dict as is)
-            full = tree_attention_mask(n_cached, n_tail, visible, positions, None, dtype, self.device)
-            mask = {"full_attention": full, "sliding_attention": mask}
         inp = torch.tensor([tail + nodes], dtype=torch.long, device=self.device)
-        pos = positions[None].to(self.device)
-        if not self.head.cut:
-            out = self.model(input_ids=inp, attention_mask=mask, position_ids=pos, cache=self.cache,
-                             use_cache=True, logits_to_keep=n + 1)
-            logits = out.logits[0, -(n + 1) :, : self.vocab_size]
-        else:
-            hidden = self.model.base_model(input_ids=inp, attention_mask=mask, position_ids=pos, cache=self.cache,
-                                           use_cache=True).last_hidden_state[0, -(n + 1) :]
-            logits = self.head.project(hidden, all_columns)
+        block = tail_and_nodes(n_tail, visible.to(self.device))
+        logits = self.score(inp, positions[None], block[None], n_logits=n + 1, all_columns=all_columns)[0]
         self.ids.extend(tail)
         self._tree = (nodes, list(tree.parents))
         return logits
@@ -320,8 +535,8 @@ class CachedLM:
         m = 0  # leading path nodes whose slots are already in place
         while m < k and path[m] == m:
             m += 1
-        layers = list(getattr(self.cache, "layers", ()))
-        if how == "gather" and k > m and all(type(layer) is DynamicLayer for layer in layers):
+        layers = _slot_layers(self.cache)
+        if how == "gather" and k > m and layers is not None:
             src = torch.tensor([base + p for p in path[m:k]], dtype=torch.long, device=self.device)
             for layer in layers:
                 if not layer.is_initialized:
@@ -329,10 +544,8 @@ class CachedLM:
                 for name in ("keys", "values"):
                     t = getattr(layer, name)  # [batch, heads, slots, head_dim]
                     t[..., base + m : base + k, :] = t.index_select(-2, src)  # a copy first: sources >= targets
-                    setattr(layer, name, t[..., : base + k, :])  # a view, as DynamicLayer.crop leaves it
             m = k
-        else:
-            self.cache.crop(m - len(nodes))
+        self._truncate(base + m)
         self._tree = None
         self.ids.extend(nodes[p] for p in path[:m])
         self.sync(committed_after)
@@ -342,4 +555,4 @@ class CachedLM:
         if self._tree is not None:
             n = len(self._tree[0])
             self._tree = None
-            self.cache.crop(-n)
+            self._truncate(self.width - n)

@@ -23,7 +23,8 @@ Engines (`ENGINES`): "eager" is `CachedLM` (transformers' DynamicCache); "static
 passes; "compiled" is this cache with the model body under torch.compile (mode "reduce-overhead" on CUDA: CUDA
 graphs; inductor's default on a CPU). The logits are the same computation in all three, so every decoding rule
 and every test applies unchanged; `tests/test_static_cache.py` checks greedy equality and the caches.
-Token trees and ragged batches need masks of their own and run on the eager engine.
+Token trees run on all three (their mask spans the allocated slots, the stale ones hidden; bucketed passes pad
+the node count); ragged and lockstep batches hold B rows and run on the eager engine.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def compiled_body(model: torch.nn.Module):
     fn = _COMPILED.get(model)
     if fn is None:
         device = next(model.parameters()).device
-        # One graph per bucket, each possibly twice (the first pass after the cache exists, then the steady one).
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(BUCKETS))
+        # One graph per bucket, each possibly twice (the first pass after the cache exists, then the steady one), for
+        # causal passes (no mask) and for masked ones (trees).
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 8 * len(BUCKETS))
         mode = "reduce-overhead" if device.type == "cuda" else None
         fn = torch.compile(model.base_model, mode=mode, dynamic=False)
         _COMPILED[model] = fn
@@ -86,10 +88,14 @@ def bucket_for(n: int) -> int | None:
 
 class StaticCachedLM(CachedLM):
     """`CachedLM` over a preallocated cache of at least `max_len` committed slots (plus SLACK for guesses and
-    padding; `slots_for`).
+    padding; `slots_for`), one row.
 
-    Same interface as CachedLM for chains: feed, logits_after, sync, crop, keep_in_head. `compiled` runs passes of
-    up to BUCKETS[-1] tokens through `compiled_body`; otherwise every pass is eager on the static cache.
+    The same scorer as CachedLM (score, feed, logits_after, sync, crop, keep_in_head, logits_for_tree, keep_path):
+    only the cache and the pass sizes differ. A pass with a mask (a token tree) covers every slot, those past the
+    row's length hidden (stale). `bucketed` (set for the compiled engine) pads every pass after the first to the
+    next size in BUCKETS, the padding seeing only itself and dropped at once, so a chain pass and a tree pass of
+    up to BUCKETS[-1] fed tokens (a committed tail plus the nodes) each run one of a few shapes; `compiled` runs
+    the bucketed passes through `compiled_body`.
     """
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, head_vocab: int = 0,
@@ -97,53 +103,38 @@ class StaticCachedLM(CachedLM):
         if model.config.model_type not in PLAIN_HEAD_TYPES:
             raise UnsupportedModelError(f"the static-cache engine needs a plain output head; {model.config.model_type} "
                                         "models run on the eager engine")
-        super().__init__(model, vocab_size, head_vocab, always_keep)
         self.slots = slots_for(max_len)
         self.max_len = self.slots - SLACK  # what the rounding allows, at least the max_len asked for
+        super().__init__(model, vocab_size, head_vocab, always_keep)
+        self.compiled = compiled
+        self.bucketed = compiled
+        self.fast_body = compiled_body(model) if compiled else model.base_model
+        self.passes = {"eager": 0, "bucketed": 0}  # how the passes ran (tests and the bench read it)
+        self._bucket = False
+
+    def new_cache(self):
         # Built outside inference mode wherever the caller is: the layers' length counters are then ordinary tensors
         # for every cache, and a graph guarded on one kind is never recompiled for the other.
         with torch.inference_mode(False):
-            self.cache = StaticCache(config=model.config, max_cache_len=self.slots)
-        self.body = compiled_body(model) if compiled else model.base_model
-        self.compiled = compiled
-        self.out_head = model.get_output_embeddings()
-        self.passes = {"eager": 0, "bucketed": 0}  # how the passes ran (tests and the bench read it)
+            return StaticCache(config=self.model.config, max_cache_len=self.slots)
 
-    def crop(self, n: int) -> None:
-        if n < len(self.ids):
-            self.cache.crop(n - len(self.ids))  # moves the length back; the slots stay, masked until rewritten
-            del self.ids[n:]
+    def mask_width(self, n: int) -> int:
+        return self.slots
 
-    @torch.inference_mode()
-    def feed(self, ids: list[int], n_logits: int = 1, all_columns: bool = True) -> torch.Tensor:
-        n, start = len(ids), len(self.ids)
-        if start + n > self.slots - BUCKETS[-1]:
+    def _padding(self, batch: int, n: int) -> int:
+        if batch != 1:
+            raise UnsupportedModelError("the static cache holds one row; batched decoding runs on the eager engine")
+        if self.width + n > self.slots - BUCKETS[-1]:
             raise InvalidInputError(f"the static cache holds {self.max_len} tokens plus a draft; this run needs more "
                                     "(use the eager engine, or a shorter prompt or budget)")
-        size = bucket_for(n) if (self.compiled and start > 0) else None
-        if size is None:  # eager: the first pass (it allocates the cache), long passes, or the static engine
-            self.passes["eager"] += 1
-            hidden = self._body(ids)[0, n - n_logits : n]
-        else:  # padded to the bucket; the padding's slots are given back at once
-            self.passes["bucketed"] += 1
-            hidden = self.body(input_ids=self._ids(ids + [ids[-1]] * (size - n)), cache=self.cache,
-                               use_cache=True).last_hidden_state[0, n - n_logits : n].clone()
-            if size > n:
-                self.cache.crop(n - size)
-        self.ids.extend(int(t) for t in ids)
-        if self.head.cut:
-            return self.head.project(hidden, all_columns)
-        return self.out_head(hidden)[..., : self.vocab_size]
+        size = bucket_for(n) if (self.bucketed and self.width > 0) else None
+        # eager: the first pass (it allocates the cache), long passes, or the static engine
+        self._bucket = size is not None
+        self.passes["bucketed" if self._bucket else "eager"] += 1
+        return size - n if self._bucket else 0
 
-    def _ids(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor([ids], dtype=torch.long, device=self.device)
-
-    def _body(self, ids: list[int]) -> torch.Tensor:
-        return self.model.base_model(input_ids=self._ids(ids), cache=self.cache, use_cache=True).last_hidden_state
-
-    def logits_for_tree(self, *args, **kwargs):
-        raise UnsupportedModelError("token trees run on the eager engine (their masks are not the static cache's "
-                                    "causal one); turn the tree off or choose the eager engine")
+    def _body(self):
+        return self.fast_body if self._bucket else self.model.base_model
 
 
 @torch.inference_mode()
