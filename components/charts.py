@@ -139,7 +139,7 @@ def pq_title(rnd: Round, position: int) -> str:
     if fate is not None:
         a, u = rnd.accept_probs[position], rnd.uniforms[position]
         tok = piece_html(rnd.draft_pieces[position])
-        if fate == events.ACCEPTED:
+        if fate == events.KEPT:
             sign = "<" if rnd.passed(position) else "≥"
             what = f"draft “{tok}” accepted: u {fmt_prob(u)} {sign} {rnd.test_name} {fmt_prob(a)}"
         elif fate == events.REJECTED:

@@ -37,7 +37,7 @@ def round_choices(rounds: list[Round]) -> list[tuple[str, int]]:
     return [(round_label(r), r.index) for r in rounds]
 
 
-FATE_WORDS = {events.ACCEPTED: "accepted", events.DISCARDED: "discarded", events.CUT: "not committed"}
+FATE_WORDS = {events.KEPT: "kept", events.DISCARDED: "discarded", events.CUT: "not committed"}
 
 
 def position_choices(rnd: Round) -> list[tuple[str, int]]:

@@ -96,7 +96,7 @@ def walkthrough_cells(rnd: Round, step: int) -> dict[str, list[Cell | None]]:
         elif kind == "keep":
             for i in range(rnd.n_accepted):
                 guess[i] = ("kept", pieces[i], f"u {u[i]:.2f} &lt; {a[i]:.2f}")
-                out[i] = ("out-kept", pieces[i], "kept") if fates[i] == events.ACCEPTED else None
+                out[i] = ("out-kept", pieces[i], "kept") if fates[i] == events.KEPT else None
         elif kind == "stop" and rej is not None:
             guess[rej] = ("rejected", pieces[rej], f"u {u[rej]:.2f} ≥ {a[rej]:.2f}")
             for i in range(rej + 1, g):
@@ -190,7 +190,7 @@ def _cell_html(cell: Cell | None, changed: bool) -> str:
             f'<span class="learn-sub">{sub}</span></div>')
 
 
-VERDICT_WORDS = {events.ACCEPTED: "kept", events.REJECTED: "rejected", events.CUT: "past the end of the text"}
+VERDICT_WORDS = {events.KEPT: "kept", events.REJECTED: "rejected", events.CUT: "past the end of the text"}
 
 
 def _details_table(rnd: Round, step: int) -> str:

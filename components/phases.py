@@ -12,7 +12,7 @@ from specdec.core import events
 from specdec.core.stop import stop_label
 from specdec.core.events import RULE_HINTS, Round
 
-from .tokens import ACCEPTED, BONUS, FATE_KIND, PLAIN, REPAIRED, fmt_prob, piece_html, quoted
+from .tokens import BONUS, FATE_KIND, KEPT, PLAIN, REPAIRED, fmt_prob, piece_html, quoted
 
 
 def _chip(kind: str, piece: str, round_index: int, position: int) -> str:
@@ -114,7 +114,7 @@ def _emit_card(rnd: Round) -> str:
     else:
         title, kind = "Repair", REPAIRED
         sub = f"guess {k} was rejected: resample position {k} from {REPAIR_WORDS.get(rnd.verify, REPAIR_WORDS['pq'])}"
-    committed = "".join(_chip((ACCEPTED if n < k else kind), piece, rnd.index, n)
+    committed = "".join(_chip((KEPT if n < k else kind), piece, rnd.index, n)
                         for n, piece in enumerate(rnd.committed_pieces))
     body = (
         f'<div class="sd-row">{_chip(kind, rnd.emitted_piece, rnd.index, k)}'
@@ -159,7 +159,7 @@ def render_phases(rnd: Round | None) -> str:
             "(or the <kbd>S</kbd> key) to run one round.</div>"
         )
     head = (f'<div class="sd-phases-title">Round {rnd.index + 1} at token {rnd.position} · γ = {rnd.gamma} · '
-            f'{rnd.kept}/{rnd.gamma} accepted · {html.escape(quoted(rnd.emitted_piece))} '
+            f'{rnd.kept}/{rnd.gamma} kept · {html.escape(quoted(rnd.emitted_piece))} '
             f'{"plain step" if rnd.gamma == 0 else "bonus" if rnd.is_bonus else "repaired"}</div>')
     cards = _draft_card(rnd) + _verify_card(rnd) + _accept_card(rnd) + _emit_card(rnd)
     # data-r changes every round, so the browser re-creates the cards and replays their entrance animation.

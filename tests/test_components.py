@@ -322,8 +322,8 @@ def test_speedup_figure_traces(recorded):
     assert list(trace(fig, "tokens per").y) == [len(r.committed_ids) for r in run]
     assert list(trace(fig, "measured").y) == pytest.approx(running_speedup(run, 20.0))
     # per-token alpha: kept guesses over tested guesses (the prefix plus the first rejected one, within the text)
-    accepted = sum(f == "accepted" for r in run for f in r.fates)
-    alpha = accepted / (accepted + sum(f == "rejected" for r in run for f in r.fates))
+    kept = sum(f == "kept" for r in run for f in r.fates)
+    alpha = kept / (kept + sum(f == "rejected" for r in run for f in r.fates))
     assert running_alpha(run)[-1] == pytest.approx(alpha)
     # the one convention: mean draft length, c_loop from the rounds' timings (speedup.run_predicted_speedup)
     mean_gamma = sum(r.gamma for r in run) / len(run)
@@ -370,7 +370,7 @@ def test_a_rejection_past_the_end_of_the_text_is_not_drawn_as_rejected():
     # EOS was the first (kept) guess: the rejection after it and its repair never reached the text (Round.fates)
     rnd = make_round(["<eos>", "b"], q=[0.5, 0.5], p=[0.6, 0.1], u=[0.1, 0.9], n_accepted=1, emitted="c",
                      emitted_p=0.2, committed=["<eos>"], stop_reason="eos")
-    assert rnd.fates == ["accepted", "cut"]
+    assert rnd.fates == ["kept", "cut"]
     assert kinds(render_round(rnd)) == ["acc", "cut", "cut"]
     labels = [label for label, _ in position_choices(rnd)]
     assert labels[1].endswith("not committed") and "rejected" not in labels[1]

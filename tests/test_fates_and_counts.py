@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from specdec.core.events import ACCEPTED, CUT, DISCARDED, REJECTED, Round, Totals, draft_fates
+from specdec.core.events import CUT, DISCARDED, KEPT, REJECTED, Round, Totals, draft_fates
 from specdec.core.metrics import summarize
 from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings
@@ -38,8 +38,8 @@ def test_cut_at_stop_ends_after_eos_then_at_the_budget():
 
 def test_fates_are_one_definition_for_rounds_and_batch_rows():
     # gamma 4, the rule accepted 2 and refused the third; 2 tokens reached the text (an EOS was the second)
-    assert draft_fates(4, 2, 2, 2) == [ACCEPTED, ACCEPTED, CUT, DISCARDED]
-    assert draft_fates(4, 2, 2, 3) == [ACCEPTED, ACCEPTED, REJECTED, DISCARDED]
+    assert draft_fates(4, 2, 2, 2) == [KEPT, KEPT, CUT, DISCARDED]
+    assert draft_fates(4, 2, 2, 3) == [KEPT, KEPT, REJECTED, DISCARDED]
     t = Totals()
     t.count(draft_fates(4, 2, 2, 2), 2)
     assert (t.kept, t.tested, t.drafted, t.generated) == (2, 2, 4, 2)
@@ -62,20 +62,20 @@ def _round(gamma: int, n_accepted: int, committed: int) -> Round:
 def test_statistics_stop_at_a_committed_eos():
     # EOS accepted at position 1: guesses 2 and 3 were kept by the rule but are not in the text.
     cut = _round(gamma=4, n_accepted=4, committed=2)
-    assert cut.fates == [ACCEPTED, ACCEPTED, CUT, CUT]
+    assert cut.fates == [KEPT, KEPT, CUT, CUT]
     m = summarize([cut, _round(gamma=4, n_accepted=1, committed=2)])
-    assert m.accepted == 2 + 1
+    assert m.kept == 2 + 1
     assert m.tested == 2 + 2  # the second round tested its kept guess and its rejection
     assert m.alpha == pytest.approx(3 / 4)
-    assert m.accepted_histogram == [0, 1, 1, 0, 0]
-    assert m.per_position_acceptance[:2] == [1.0, 0.5] and m.per_position_acceptance[2] == 0.0
+    assert m.kept_histogram == [0, 1, 1, 0, 0]
+    assert m.kept_per_position[:2] == [1.0, 0.5] and m.kept_per_position[2] == 0.0
 
 
 def test_decoder_totals_match_the_rounds(tiny_pair):
     dec = SpeculativeDecoder(tiny_pair, "hello", DecodeSettings(max_new_tokens=30, sampling=SamplingConfig(0.9)))
     list(dec)
     m = summarize(dec.rounds)
-    assert dec.totals.kept == m.accepted and dec.totals.tested == m.tested
+    assert dec.totals.kept == m.kept and dec.totals.tested == m.tested
 
 
 # ------------------------------------------------------------------------------- batched statistics follow Round.fates
@@ -101,7 +101,7 @@ def test_batched_alpha_counts_only_what_reached_the_text(tiny_pair, seed):
     res = BatchedSpeculativeDecoder(tiny_pair, PROMPTS, s).run()
     kept, tested = _independent_counts(res.rounds)
     st = res.stats()
-    assert (st["accepted"], st["tested"]) == (kept, tested)
+    assert (st["kept"], st["tested"]) == (kept, tested)
     assert st["alpha"] == pytest.approx(kept / tested)
     # the lockstep cut threw accepted guesses away in these runs: counting the rule's verdicts would differ
     assert sum(n for r in res.rounds for n in r.n_accepted if n is not None) > kept
@@ -149,6 +149,6 @@ def test_post_eos_guesses_are_cut_in_the_batched_counts(no_eos, monkeypatch):
     _scripted_verdicts(monkeypatch, [([4, 4], [3, 3])])
     rnd = dec.step()
     assert rnd.committed[0] == [7]
-    assert rnd.row_fates(0) == [ACCEPTED, CUT, CUT, CUT]
+    assert rnd.row_fates(0) == [KEPT, CUT, CUT, CUT]
     st = dec.result().stats()
-    assert st["accepted"] == 1 + len(rnd.committed[1]) - 1 and st["tested"] == st["accepted"]
+    assert st["kept"] == 1 + len(rnd.committed[1]) - 1 and st["tested"] == st["kept"]

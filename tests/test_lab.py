@@ -288,7 +288,7 @@ def test_recorded_rounds_replay_and_feed_the_speedup_chart(tiny_pair):
         for s in range(view.N_STEPS):
             assert "learn-walk" in render_walkthrough("run:0", s, records)
         (pt,) = lab.run_points(records)
-        kept = sum(f == "accepted" for r in rounds for f in r.fates)  # per-token alpha: kept / tested
+        kept = sum(f == "kept" for r in rounds for f in r.fates)  # per-token alpha: kept / tested
         assert pt.alpha == pytest.approx(kept / (kept + sum(f == "rejected" for r in rounds for f in r.fates)))
         assert pt.rounds == len(rounds)
     assert lab.run_points(bare)[0].measured_speedup is None

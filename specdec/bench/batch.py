@@ -156,7 +156,7 @@ def _summary(runs: list[BatchResult]) -> dict:
             "draft_pass_ms", "step_ms")
     out = {k: upper_median(s.get(k) for s in stats) for k in keys}
     out["tokens"] = sum(s["tokens"] for s in stats)
-    out["accepted"] = sum(s.get("accepted") or 0 for s in stats)
+    out["kept"] = sum(s.get("kept") or 0 for s in stats)
     out["tested"] = sum(s.get("tested") or 0 for s in stats)
     return out
 
@@ -303,7 +303,7 @@ def run_batches(pair, batches: list[int], modes: list[str], gamma: int, max_new:
             "plain_max_latency_ms": p["max_latency_ms"], "spec_max_latency_ms": s["max_latency_ms"],
             "plain_p90_latency_ms": p["p90_latency_ms"],
             "tokens_per_round_per_row": s["tokens_per_round_per_row"], "alpha": s["alpha"],
-            "accepted": s["accepted"], "tested": s["tested"],
+            "accepted": s["kept"], "tested": s["tested"],  # the JSON name of the kept count
             "thrown_per_round": s["thrown_per_round"],
             "verify_ms": s["verify_ms"], "verify_tokens": s["verify_tokens"],
             "draft_pass_ms": s["draft_pass_ms"], "plain_step_ms": p["step_ms"],

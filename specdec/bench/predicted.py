@@ -101,7 +101,7 @@ def figures(runs: list[Timed], ref: list[int]) -> dict:
     passes = m.rounds if x.rounds else x.tokens  # one target pass per round; the plain loop: one per token
     return {"seconds": secs, "tokens": x.tokens, "passes": passes, "tok_s": x.tokens / secs if secs else 0.0,
             "tokens_per_pass": x.tokens / passes if passes else 0.0,
-            "acceptance": m.accepted / m.drafted if m.drafted else None,
+            "acceptance": m.kept_rate if m.drafted else None,
             "same_text": all(y.ids == ref for y in runs)}
 
 

@@ -43,7 +43,7 @@ def summarize_group(samples: list[Sample], costs) -> dict:
     """Side-by-side ratios of one group; the prediction follows specdec.core.metrics (mean draft length, c_loop)."""
     g = compare(samples, CONTENDERS, RATIOS)
     m = spec_metrics(of(samples, "ours_spec"), costs)
-    g.update(loop_figures(m), alpha=m.alpha, acceptance_rate=m.acceptance_rate if m.drafted else None,
+    g.update(loop_figures(m), alpha=m.alpha, acceptance_rate=m.kept_rate if m.drafted else None,
              c_plain=m.c_plain)
     measured, pred = g["measured_speedup"], g["predicted_speedup"]
     g["measured/predicted"] = measured / pred if measured and pred else None

@@ -1,15 +1,18 @@
 """Metrics over a run's rounds, beside the speedup model's prediction for them (specdec.core.speedup).
 
 Conventions (stated because projects differ), every one computed here and nowhere else:
-- statistics count what was tested and committed: a guess kept past a committed EOS (or the token budget) is not
-  "accepted" (see `Round.fates`).
-- acceptance rate = accepted draft tokens / drafted tokens (llama.cpp "accept %", vLLM "draft acceptance rate").
+- statistics count what was tested and committed: a guess the rule accepted past a committed EOS (or the token
+  budget) is not kept (see `Round.fates` and the glossary in specdec.core.events). Inside the engine the counts are
+  named "kept"; the JSON a run writes (`RunMetrics.to_dict`) keeps the names readers of vLLM and llama.cpp
+  expect (`JSON_NAMES`).
+- kept rate = kept draft tokens / drafted tokens (JSON "acceptance_rate"; llama.cpp "accept %", vLLM "draft
+  acceptance rate").
 - tokens per round = committed tokens / rounds; it COUNTS the repaired or bonus token, so it lies in [1, gamma+1]
   (vLLM "mean acceptance length").
-- per-position acceptance[i] = P(draft token i was kept) over rounds whose position i was tested or discarded.
-- alpha = per-token acceptance probability, estimated as accepted / tested guesses, where a round tests its kept
-  prefix plus the first rejected guess (guesses after a rejection are never tested). This, not accepted / drafted,
-  is the alpha in the Leviathan formula: with gamma = 4 and alpha = 0.63, accepted / drafted is only 0.36.
+- kept per position[i] = P(draft token i was kept) over rounds whose position i was tested or discarded.
+- alpha = per-token acceptance probability, estimated as kept / tested guesses, where a round tests its kept
+  prefix plus the first rejected guess (guesses after a rejection are never tested). This, not kept / drafted,
+  is the alpha in the Leviathan formula: with gamma = 4 and alpha = 0.63, kept / drafted is only 0.36.
 - two cost ratios, two names:
   * c_plain = draft ms per token / target ms per token in plain decoding, measured once when the pair loads
     (`StepCosts`): a property of the pair on this machine.
@@ -27,13 +30,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from specdec.core.events import ACCEPTED, CUT, Round
+from specdec.core.events import CUT, KEPT, Round
 from specdec.core.speedup import leviathan_break_even, run_predicted_speedup
 
 
-def alpha_estimate(accepted: int, tested: int) -> float:
+def alpha_estimate(kept: int, tested: int) -> float:
     """Per-token acceptance probability from counts: kept guesses / guesses actually tested."""
-    return accepted / tested if tested else 0.0
+    return kept / tested if tested else 0.0
 
 
 def loop_cost_ratio(draft_ms: float, drafted: int, verify_ms: float, rounds: int) -> float | None:
@@ -66,13 +69,13 @@ class RunMetrics:
     rounds: int
     generated: int
     drafted: int
-    accepted: int
+    kept: int  # guesses accepted AND committed
     tested: int
-    acceptance_rate: float  # accepted / drafted
+    kept_rate: float  # kept / drafted
     alpha: float  # per-token acceptance probability (see module docstring)
     tokens_per_round: float  # counts the repaired/bonus token
-    per_position_acceptance: list[float]
-    accepted_histogram: list[int]  # rounds that kept exactly k draft tokens, k = 0..max gamma
+    kept_per_position: list[float]
+    kept_histogram: list[int]  # rounds that kept exactly k draft tokens, k = 0..max gamma
     tok_s: float
     mean_gamma: float
     c_loop: float | None = None
@@ -82,8 +85,13 @@ class RunMetrics:
     predicted_speedup: float | None = None
     extra: dict = field(default_factory=dict)
 
+    # The JSON names of the kept counts, as vLLM and llama.cpp readers know them (traces, the CLI's --json).
+    JSON_NAMES = {"kept": "accepted", "kept_rate": "acceptance_rate", "kept_per_position": "per_position_acceptance",
+                  "kept_histogram": "accepted_histogram"}
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The JSON-ready metrics, the kept counts under their JSON names (`JSON_NAMES`)."""
+        return {self.JSON_NAMES.get(k, k): v for k, v in asdict(self).items()}
 
 
 def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_per_token: float | None = None) -> RunMetrics:
@@ -94,7 +102,7 @@ def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_p
     fates = [r.fates for r in rounds]
     g_max = max(r.gamma for r in rounds)
     drafted = sum(r.gamma for r in rounds)
-    accepted = sum(r.kept for r in rounds)
+    kept = sum(r.kept for r in rounds)
     tested = sum(r.tested for r in rounds)
     generated = sum(len(r.committed_ids) for r in rounds)
     hist = [0] * (g_max + 1)
@@ -103,10 +111,10 @@ def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_p
     per_pos = []
     for i in range(g_max):
         seen = [f[i] for f in fates if len(f) > i and f[i] != CUT]
-        per_pos.append(sum(x == ACCEPTED for x in seen) / len(seen) if seen else 0.0)
+        per_pos.append(sum(x == KEPT for x in seen) / len(seen) if seen else 0.0)
     elapsed_ms = sum(r.round_ms or (r.draft_ms + r.verify_ms) for r in rounds)
     tok_s = 1e3 * generated / elapsed_ms if elapsed_ms else 0.0
-    alpha = alpha_estimate(accepted, tested)
+    alpha = alpha_estimate(kept, tested)
     mean_gamma = drafted / len(rounds)
     c_loop = rounds_cost_ratio(rounds)
     c_plain = costs.c_plain if costs and costs.target_ms and costs.draft_ms else None
@@ -116,13 +124,13 @@ def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_p
         rounds=len(rounds),
         generated=generated,
         drafted=drafted,
-        accepted=accepted,
+        kept=kept,
         tested=tested,
-        acceptance_rate=accepted / drafted if drafted else 0.0,
+        kept_rate=kept / drafted if drafted else 0.0,
         alpha=alpha,
         tokens_per_round=generated / len(rounds),
-        per_position_acceptance=per_pos,
-        accepted_histogram=hist,
+        kept_per_position=per_pos,
+        kept_histogram=hist,
         tok_s=tok_s,
         mean_gamma=mean_gamma,
         c_loop=c_loop,

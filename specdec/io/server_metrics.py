@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.errors import InvalidInputError, short_repr
-from specdec.core.events import ACCEPTED
+from specdec.core.events import KEPT
 from specdec.core.record import RunRecord
 
 FORMAT = "specdec.vllm-spec-decode-metrics/1"
@@ -50,13 +50,13 @@ def counts(record: RunRecord) -> dict[str, Any]:
     per_pos = [0] * n_spec
     for r in drafted_rounds:
         for i, fate in enumerate(r.fates):
-            if fate == ACCEPTED:  # accepted guesses form a prefix, as vLLM's per-position loop assumes
+            if fate == KEPT:  # kept guesses form a prefix, as vLLM's per-position loop assumes
                 per_pos[i] += 1
     return {
         "num_spec_tokens": n_spec,
         "num_drafts": len(drafted_rounds),
         "num_draft_tokens": sum(r.gamma for r in drafted_rounds),
-        "num_accepted_tokens": sum(r.kept for r in drafted_rounds),
+        "num_accepted_tokens": sum(r.kept for r in drafted_rounds),  # vLLM's name for the kept count
         "num_accepted_tokens_per_pos": per_pos,
     }
 

@@ -195,7 +195,7 @@ class BatchResult:
             "rounds": len(self.rounds),
             "tokens_per_round_per_row": totals.generated / totals.rounds if totals.rounds else None,
             "alpha": totals.kept / totals.tested if totals.tested else None,
-            "accepted": totals.kept,  # JSON name of the kept count (accepted and committed), as vLLM's counters
+            "kept": totals.kept,  # guesses accepted and committed (the bench's JSON calls it "accepted")
             "tested": totals.tested,
             "thrown_per_round": sum(r.thrown for r in self.rounds) / len(self.rounds) if spec and self.rounds else None,
             "latency_ms": list(self.latency_ms),

@@ -19,7 +19,7 @@ from typing import Iterator
 
 from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
-from specdec.core.events import ACCEPTED, DraftNote, Round
+from specdec.core.events import KEPT, DraftNote, Round
 from specdec.core.metrics import StepCosts, alpha_estimate
 from specdec.core.settings import (DRAFTER_LABELS, DRAFTERS, GAMMA_POLICIES, MAX_GAMMA, VERIFY_MODES, DecodeSettings,
                                    encode_prompt)
@@ -248,7 +248,7 @@ class Race:
         else:
             rnd = runner.step()
             new = list(rnd.committed_ids)
-            origins = ["guess" if f == ACCEPTED else "target" for f in rnd.fates[: len(new)]]
+            origins = ["guess" if f == KEPT else "target" for f in rnd.fates[: len(new)]]
             origins += ["target"] * (len(new) - len(origins))  # the repair or bonus token
         lane.elapsed_ms += clock.lap()
         lane.steps += 1
