@@ -136,6 +136,7 @@ def _chi_pvalues(pair, runs=150, copies=4):
     return out
 
 
+@pytest.mark.stat
 def test_chi_square_per_row_first_two_tokens(no_eos):
     """Each row's first token follows its own target p, and so does its second token (marginally), although rows
     are cut to the batch's smallest kept count + 1: the cut does not bias what a row emits."""
@@ -144,6 +145,7 @@ def test_chi_square_per_row_first_two_tokens(no_eos):
         assert pv2 > 1e-3, (prompt, pv2)
 
 
+@pytest.mark.stat
 def test_chi_square_catches_a_row_verified_against_another_rows_p(no_eos, monkeypatch):
     """Planted bug: every row is verified against the p of the row before it. The same test must fail."""
 

@@ -219,6 +219,7 @@ def copy_tree_chi_square(pair, prompt: str, settings: DecodeSettings, widths, n_
     return chi_square(counts, list(law.values()) + [0.0])
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("kind", BRANCHING)
 def test_first_three_tokens_of_ngram_trees_follow_the_target(no_eos, one_thread, kind):
     _check_branching(no_eos, BRANCHING[kind])
@@ -226,6 +227,7 @@ def test_first_three_tokens_of_ngram_trees_follow_the_target(no_eos, one_thread,
     assert test.p_value > 1e-3, test
 
 
+@pytest.mark.stat
 def test_first_three_tokens_of_predicted_trees_follow_the_target(no_eos, one_thread):
     # The prediction holds the prompt's own pattern, so the root gets both continuations of its last character.
     prompt = BRANCHING["skewed"]
@@ -234,6 +236,7 @@ def test_first_three_tokens_of_predicted_trees_follow_the_target(no_eos, one_thr
     assert test.p_value > 1e-3, test
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_refused_siblings_left_in_the_residual(no_eos, one_thread, monkeypatch):
     """Planted bug: a refused copied child is not taken out of the residual (repair = identity), as if each
     sibling were an independent draw that says nothing about the next."""
@@ -243,6 +246,7 @@ def test_the_chi_square_catches_refused_siblings_left_in_the_residual(no_eos, on
     assert test.p_value < 1e-3, test
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_copied_children_verified_as_if_sampled(no_eos, one_thread, monkeypatch):
     """Planted bug: the deterministic children carry q = uniform over their siblings, as if drawn from it."""
     real = ngram_mod.branch_tree

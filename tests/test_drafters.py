@@ -234,6 +234,7 @@ def _ngram_prompt(pair) -> str:
     raise AssertionError("no prompt with a mid-probability copy")
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("drafter,policy", COMBOS)
 def test_first_three_tokens_follow_the_target(no_eos, one_thread, drafter, policy):
     prompt = _ngram_prompt(no_eos)
@@ -256,6 +257,7 @@ class SmoothedQ:
         self.inner.feedback(committed, n_accepted, n_drafted)
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_a_smoothed_q_for_a_one_hot_proposal(no_eos, one_thread):
     prompt = _ngram_prompt(no_eos)
     s = DecodeSettings(drafter="ngram", gamma=2, sampling=SAMPLED)

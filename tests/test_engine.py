@@ -158,6 +158,7 @@ def test_drawing_over_the_head_columns_equals_drawing_over_the_full_row(tiny_pai
         assert torch.allclose(dense(a_q), dense(b_q), atol=1e-6)
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("draft_vocab", [0, 40])
 def test_end_to_end_first_token_follows_target(tiny_pair, draft_vocab):
     """The whole loop, not just verify: first emitted tokens over many seeds follow the target's warped p,

@@ -146,6 +146,7 @@ def test_greedy_equals_plain_greedy_for_every_gamma_and_policy(request, one_thre
 # --------------------------------------------------------------------------- the joint law of the first 3 tokens
 
 
+@pytest.mark.stat
 def test_first_three_tokens_follow_the_target(no_eos, one_thread):
     kinds = Counter()
     for seed in range(40):  # the runs the chi-square counts mix all three kinds of drafts
@@ -181,6 +182,7 @@ class ModelQForCopies:
         self.inner.feedback(committed, n_accepted, n_drafted)
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_copied_guesses_given_the_models_q(no_eos, one_thread):
     s = DecodeSettings(drafter="auto", gamma=2, sampling=SAMPLED)
     ids = encode_prompt(no_eos.tokenizer, MIXED_PROMPT)
@@ -303,6 +305,7 @@ class ModelQForOneHotRows:
         self.inner.feedback(committed, n_accepted, n_drafted)
 
 
+@pytest.mark.stat
 def test_model_lead_first_three_tokens_follow_the_target_and_the_chi_square_catches_a_planted_q(no_eos, one_thread):
     s = DecodeSettings(drafter="auto", gamma=3, sampling=SAMPLED)
     ok = joint_chi_square(no_eos, RUN_PROMPT, s, N_SAMPLES, lambda st: _model_lead(no_eos, st, RUN_PROMPT))

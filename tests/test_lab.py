@@ -110,6 +110,7 @@ def test_hundred_points_figure_stacks_to_the_numbers():
 # ------------------------------------------------------------------------------------------ sampling
 
 
+@pytest.mark.stat
 def test_sampler_passes_chi_square_with_the_engine_rule():
     hp = lab.hundred_points(CAT[1], CAT[2], CAT[0])
     res = lab.run_lab(hp, 100_000, seed=1, repair="correct")
@@ -118,6 +119,7 @@ def test_sampler_passes_chi_square_with_the_engine_rule():
     assert res.tv < 0.01
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("repair", ["fresh-p", "from-q"])
 def test_wrong_repairs_drift_and_the_test_catches_them(repair):
     hp = lab.hundred_points(CAT[1], CAT[2], CAT[0])
@@ -126,6 +128,7 @@ def test_wrong_repairs_drift_and_the_test_catches_them(repair):
     assert res.tv > 0.1
 
 
+@pytest.mark.stat
 def test_random_six_token_case_passes():
     rng = np.random.default_rng(3)
     p, q = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
@@ -146,6 +149,7 @@ def test_sampler_goes_through_verify_batch(monkeypatch):
     assert sum(calls) == 100_000 and 1 <= len(calls) <= 4  # one or a few batched calls, not a Python loop
 
 
+@pytest.mark.stat
 def test_a_broken_verifier_makes_the_lab_fail(monkeypatch):
     hp = lab.hundred_points(CAT[1], CAT[2], CAT[0])
     assert lab.run_lab(hp, 20_000, seed=4).test.p_value > 1e-3
@@ -159,6 +163,7 @@ def test_a_broken_verifier_makes_the_lab_fail(monkeypatch):
     assert lab.run_lab(hp, 20_000, seed=4).test.p_value < 1e-3
 
 
+@pytest.mark.stat
 def test_a_broken_residual_makes_the_lab_fail(monkeypatch):
     hp = lab.hundred_points(CAT[1], CAT[2], CAT[0])
     assert lab.run_lab(hp, 20_000, seed=5).test.p_value > 1e-3
@@ -321,6 +326,7 @@ def test_speedup_figure_curves_and_shading():
 # ------------------------------------------------------------------------------------------ real models
 
 
+@pytest.mark.stat
 def test_first_token_rows_match_the_engine_and_the_lab_passes_on_them(tiny_pair):
     cfg = SamplingConfig(temperature=1.0, top_k=20)
     prefix = "def fibonacci(n):"

@@ -194,6 +194,7 @@ def _branching_case(pair):
     raise AssertionError("no prompt with a mid-probability next token")
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("policy", POLICIES)
 def test_first_three_tokens_follow_the_target(no_eos, one_thread, policy):
     prompt, pred = _branching_case(no_eos)
@@ -203,6 +204,7 @@ def test_first_three_tokens_follow_the_target(no_eos, one_thread, policy):
     assert test.p_value > 1e-3, (policy, test)
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_a_smoothed_q_for_the_prediction(no_eos, one_thread):
     prompt, pred = _branching_case(no_eos)
     s = DecodeSettings(drafter="predicted", prediction="x", gamma=2, sampling=SAMPLED)

@@ -206,6 +206,7 @@ def test_greedy_on_an_all_bf16_tiny_pair(one_thread, mode):
 # ------------------------------------------------------------------------------------------ chi-square
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("draft_vocab", [0, 40])
 def test_first_three_tokens_follow_the_target_with_a_quantized_draft(quant_no_eos, one_thread, draft_vocab):
     prompt = _ngram_prompt(quant_no_eos)
@@ -244,6 +245,7 @@ class ForeignQ:
         self.inner.feedback(committed, n_accepted, n_drafted)
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_q_reported_from_another_draft(quant_no_eos, no_eos, one_thread):
     """The int8 draft's q and the float draft's differ too little on the tiny pair for 500 draws to tell (q from
     the float draft gave p ~ 0.87); the lie is therefore amplified: q from the float draft with its linear weights

@@ -177,6 +177,7 @@ def _chi_pvalues(pair, runs=100, copies=4, gamma=2, verify="pq"):
     return out
 
 
+@pytest.mark.stat
 def test_chi_square_per_row_first_three_tokens(no_eos, one_thread):
     """Every row's first three tokens follow its own target (marginally), although rows commit different counts
     per round and sit at different lengths in one cache."""
@@ -184,6 +185,7 @@ def test_chi_square_per_row_first_three_tokens(no_eos, one_thread):
         assert min(pvs) > 1e-3, (prompt, pvs)
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("verify", ["strict", "block"])
 def test_chi_square_per_row_under_the_other_rules(no_eos, one_thread, verify, monkeypatch):
     """The rows are judged by the rule the settings name (strict, block), and each row still follows its target."""
@@ -214,6 +216,7 @@ def test_lockstep_rows_are_judged_by_the_settings_rule(tiny_pair, monkeypatch):
     assert seen == {"strict"}
 
 
+@pytest.mark.stat
 def test_chi_square_catches_a_row_verified_against_another_rows_p(no_eos, monkeypatch, one_thread):
     """Planted bug: every row is verified against the p of the row before it. The same test must reject."""
 
@@ -225,6 +228,7 @@ def test_chi_square_catches_a_row_verified_against_another_rows_p(no_eos, monkey
     assert min(firsts) < 1e-6, firsts
 
 
+@pytest.mark.stat
 def test_chi_square_catches_a_mask_that_shows_discarded_guesses(no_eos, monkeypatch, one_thread):
     """Planted bug: rejected guesses stay visible in both caches (never made holes). The first token is still
     right (nothing was discarded before it); the later tokens must be rejected."""

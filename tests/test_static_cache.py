@@ -60,6 +60,7 @@ def test_caches_hold_the_committed_text_after_rejections(no_eos, engine):
         assert dec.target.passes["bucketed"] >= 8 and dec.drafter.lm.passes["bucketed"] > 8
 
 
+@pytest.mark.stat
 def test_first_three_tokens_follow_the_target_on_the_compiled_engine(no_eos, one_thread):
     pair = on(no_eos, "compiled")
     prompt = _ngram_prompt(pair)

@@ -193,6 +193,7 @@ def test_greedy_tree_rounds_equal_plain_greedy(tiny_pair):
     assert dec.ids[len(dec.prompt_ids):] == ref
 
 
+@pytest.mark.stat
 def test_first_three_tokens_follow_the_target(no_eos, one_thread):
     prompt = _ngram_prompt(no_eos)
     for policy in ("fixed", "expected"):
@@ -201,6 +202,7 @@ def test_first_three_tokens_follow_the_target(no_eos, one_thread):
         assert test.p_value > 1e-3, (policy, test)
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_a_copy_verified_with_q_one_half(no_eos, one_thread):
     prompt = _ngram_prompt(no_eos)
     s = DecodeSettings(drafter="suffix", gamma=2, sampling=SAMPLED)

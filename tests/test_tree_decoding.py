@@ -58,12 +58,14 @@ def tree_joint_chi_square(pair, prompt: str, widths, mode: str, n_samples: int, 
     return chi_square(counts, list(law.values()) + [0.0])
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("mode,widths", [("top-k", (2, 1)), ("sampled", (2, 2)), ("distinct", (2, 1))])
 def test_first_three_tokens_of_tree_rounds_follow_the_target(no_eos, one_thread, mode, widths):
     test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), widths, mode, N_SAMPLES)
     assert test.p_value > 1e-3, (mode, widths, test)
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("mode", ["top-k", "sampled"])
 def test_a_reduced_draft_head_keeps_tree_rounds_exact(no_eos, one_thread, mode):
     """The draft scores ids below 40 plus EOS and the text's own ids: its children and their q come from that
@@ -78,6 +80,7 @@ def test_a_reduced_draft_head_keeps_tree_rounds_exact(no_eos, one_thread, mode):
     assert test.p_value > 1e-3, (mode, test)
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_top_k_children_verified_as_if_sampled(no_eos, one_thread, monkeypatch):
     """Planted bug: deterministic top-k children carry the draft's sampled q instead of a one-hot q."""
     real = tree_mod.choose_children

@@ -393,6 +393,7 @@ MC_CASES = [(m, w) for m in ("iid", "wor", "topk") for w in ((2, 2), (3, 1), (2,
     ("top1+wor", (3, 1)), ("top1+wor", (2, 2))]
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("mode,widths", MC_CASES, ids=[f"{m}-{'x'.join(map(str, w))}" for m, w in MC_CASES])
 def test_tree_rounds_follow_the_target(mode, widths):
     toy = Toy(SEED)
@@ -417,6 +418,7 @@ PLANTED_MC = {
 }
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("bug", list(PLANTED_MC))
 def test_planted_bug_breaks_the_joint_law(bug):
     spec = dict(PLANTED_MC[bug])
@@ -459,6 +461,7 @@ def decode_three_chain(toy: Toy, gamma: int, n: int, seed: int, use_tree: bool) 
     return counts
 
 
+@pytest.mark.stat
 def test_chain_tree_and_verify_have_the_same_law():
     """A width-1 tree through verify_tree and the same chain through verify: each matches the target's joint law
     of 3 tokens, and the two histograms are one law (chi-square test of homogeneity)."""

@@ -155,6 +155,7 @@ def second_token_pvalue(first, second, n_acc, P):
     return _pvalue(obs[used].ravel(), exp[used].ravel(), groups=int(used.sum()))
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("warp_name", list(WARPS))
 def test_monte_carlo_matches_target(warp_name):
     first, second, n_acc, P = run_rounds(WARPS[warp_name])
@@ -163,18 +164,21 @@ def test_monte_carlo_matches_target(warp_name):
     assert second_token_pvalue(first, second, n_acc, P) > 1e-3
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("warp_name", ["t0.7-k5", "t1.3-p0.8", "t0.9-k6-p0.9"])
 def test_monte_carlo_catches_q_taken_before_warp(warp_name):
     first, second, n_acc, P = run_rounds(WARPS[warp_name], q_for_verify="raw")
     assert min(first_token_pvalue(first, P), second_token_pvalue(first, second, n_acc, P)) < 1e-3
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("warp_name", list(WARPS))
 def test_monte_carlo_catches_repair_from_p(warp_name):
     first, second, n_acc, P = run_rounds(WARPS[warp_name], repair=lambda p, q: p)
     assert first_token_pvalue(first, P) < 1e-3
 
 
+@pytest.mark.stat
 def test_sample_draws_exactly_from_probs():
     """The inverse-CDF sampler every draft, repair and bonus token goes through: chi-square, zeros never drawn."""
     p = torch.tensor([0.0, 0.5, 0.0, 0.25, 0.125, 0.0, 0.125, 0.0])

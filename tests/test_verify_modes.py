@@ -268,6 +268,7 @@ def test_greedy_decoding_equals_plain_greedy_in_every_mode(tiny_pair, one_thread
         assert {r.verify for r in dec.rounds} == {mode}
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("mode", ["strict", "block"])
 def test_first_three_tokens_follow_the_target_in_every_mode(no_eos, one_thread, mode):
     s = DecodeSettings(gamma=2, sampling=SAMPLED, verify=mode)
@@ -275,6 +276,7 @@ def test_first_three_tokens_follow_the_target_in_every_mode(no_eos, one_thread, 
     assert test.p_value > 1e-3, (mode, test)
 
 
+@pytest.mark.stat
 def test_the_chi_square_catches_block_verification_whose_last_test_always_passes(no_eos, one_thread, monkeypatch):
     """Planted bug: the last position's test read like an interior one with w = 1 (h_g = 1), so every block is
     kept whole and the text follows the draft."""
@@ -397,6 +399,7 @@ def test_trees_take_strict_and_refuse_block(tiny_pair, one_thread):
         TreeDecoder(tiny_pair, "hello", DecodeSettings(verify="block"), (2, 1))
 
 
+@pytest.mark.stat
 def test_strict_tree_rounds_follow_the_target(no_eos, one_thread):
     from specdec.loop.tree import TreeDecoder
     from tests.test_drafters import exact_joint

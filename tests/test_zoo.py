@@ -79,6 +79,7 @@ def test_control_is_exact_and_bugs_are_not_on_random_rows(key):
     assert key == "none" or differing >= 4
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("key", zoo.BUG_KEYS)
 def test_closed_form_matches_verify_batch(key):
     """50 000 rounds through verify_batch follow the closed-form output (chi-square against it passes)."""
@@ -89,6 +90,7 @@ def test_closed_form_matches_verify_batch(key):
     assert lab.chi_square(counts, zoo.output_distribution(c)).p_value > 1e-4
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("key", zoo.BUG_KEYS)
 def test_verdicts_at_the_lab_default_n(key):
     """At N = 20 000 every bug is caught, except the bfloat16 one, which the test cannot see and says why."""
@@ -102,11 +104,13 @@ def test_verdicts_at_the_lab_default_n(key):
         assert res.power.n50 < 20_000
 
 
+@pytest.mark.stat
 def test_control_passes():
     res = zoo.run_zoo_lab(HP, "none", 20_000, seed=0)
     assert res.verdict == "exact" and math.isinf(res.power.n50)
 
 
+@pytest.mark.stat
 def test_power_prediction_matches_repeated_runs():
     """At the predicted N for 50 % power, about half of many independent runs fail the test."""
     c = _construction("q-before-topk")
@@ -129,6 +133,7 @@ def test_impossible_tokens_count_toward_detection():
     assert zoo.detection_probability(out, promised, 10) >= 1 - 0.8 ** 10 - 1e-6
 
 
+@pytest.mark.stat
 def test_samples_go_through_the_engines_verify_batch(monkeypatch):
     """The zoo calls specdec.core.verify.verify_batch (looked up at call time) and the engine's residual for 'correct'."""
     broken = lambda p, q: p  # noqa: E731  (a fresh draw from p, as if the engine's residual were wrong)
@@ -273,6 +278,7 @@ def test_hand_computed_outputs_of_the_five_later_entries():
     assert np.allclose(zoo.output_distribution(c).reshape(3, 3).sum(1), [0.5, 0.3, 0.2], atol=1e-7)
 
 
+@pytest.mark.stat
 @pytest.mark.parametrize("key", NEW_KEYS)
 def test_new_entry_is_caught_at_its_n_and_the_correct_rule_passes(key):
     """At a few times the N the power calculation gives for 95 % detection, the seeded chi-square test fails on the
