@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specdec.learn.lab import MAX_LAB_ROUNDS, format_p_value
-from specdec.learn.zoo import ENTRIES, LEVEL, ZooResult, chart_cells, describe_sampling
+from specdec.learn.zoo import ENTRIES, LEVEL, ZooEntry, ZooResult, chart_cells, describe_sampling
 
 from .style import COLORS, axis, layout
 from .tokens import piece_html
@@ -107,12 +107,20 @@ def verdict_line(res: ZooResult, max_n: int = MAX_LAB_ROUNDS) -> str:
             f"and {fmt_n(pw.n95)} for 95 %{beyond}.")
 
 
+def references_html(entry: ZooEntry) -> str:
+    """The entry's references: each a link (where, and the thread's title) and one line on what it says."""
+    items = "".join(
+        f'<li class="zoo-ref-item"><a href="{html.escape(r.url, quote=True)}" target="_blank" rel="noopener">'
+        f"{html.escape(r.name)}: {html.escape(r.title)}</a>"
+        f'<div class="zoo-ref-summary">{html.escape(r.summary)}</div></li>' for r in entry.references)
+    head = "Reference" if len(entry.references) == 1 else "References"
+    return f'<div class="learn-note zoo-ref"><b>{head}</b><ul class="zoo-refs">{items}</ul></div>'
+
+
 def zoo_result_html(res: ZooResult) -> str:
     e = res.entry
     kind = VERDICT_KIND[res.verdict]
     notes = "".join(f'<div class="learn-msg learn-msg-warn">{html.escape(n)}</div>' for n in res.notes)
-    ref = (f'<a href="{html.escape(e.reference, quote=True)}" target="_blank" rel="noopener">'
-           f"{html.escape(e.reference_title)}</a>")
     test_note = f" ({html.escape(res.test.note)})" if res.test.note else ""
     return (
         f"{notes}"
@@ -126,7 +134,7 @@ def zoo_result_html(res: ZooResult) -> str:
         f"{res.n:,} rounds in {res.seconds * 1e3:.0f} ms through {res.rule_function}; sampling: "
         f"{html.escape(describe_sampling(res.sampling))}.</div></div>"
         f'<div class="zoo-explain"><b>{html.escape(e.title)}.</b> {html.escape(e.explanation)}</div>'
-        f'<div class="learn-note zoo-ref">Reference: {ref}. {html.escape(e.reference_note)}</div>'
+        f"{references_html(e)}"
     )
 
 

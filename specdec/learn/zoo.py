@@ -216,13 +216,21 @@ def build_eagle_tree(lp, lq, cfg, bug: bool = True) -> TreeConstruction:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """A thread (or paper) where the bug, or the rule it breaks, is written down."""
+
+    url: str
+    name: str  # where it is: project and number, or the paper's authors
+    title: str  # its title, as published
+    summary: str  # one line: what the thread says
+
+
+@dataclass(frozen=True)
 class ZooEntry:
     key: str
     title: str
     explanation: str
-    reference: str  # URL
-    reference_title: str  # the thread's title, as published
-    reference_note: str  # how the reference relates (and whether it was confirmed)
+    references: tuple[Reference, ...]  # the first is the report the entry reproduces
     build: Builder
     lab_sampling: SamplingConfig  # settings for the hand-made lab rows (read as temperature-1 distributions)
     needs: Callable[[SamplingConfig], tuple[SamplingConfig, str | None]] = lambda c: (c, None)
@@ -283,9 +291,10 @@ def _needs_any_warp(cfg):
     return cfg, note
 
 
-T47932 = "https://github.com/huggingface/transformers/issues/47932"
-T47932_TITLE = ("Speculative decoding: candidate generators return a `q` they did not sample from, breaking "
-                "losslessness with `do_sample=True`")
+def _t47932(summary: str) -> Reference:
+    return Reference("https://github.com/huggingface/transformers/issues/47932", "transformers #47932",
+                     "Speculative decoding: candidate generators return a `q` they did not sample from, breaking "
+                     "losslessness with `do_sample=True`", summary)
 _Q_BEFORE = (
     "The draft samples its guess from its warped distribution, and the target's p is warped the same way, but the "
     "q handed to the rule is the softmax of the draft's raw logits, taken before {what}. The rule's acceptance "
@@ -299,8 +308,10 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "The draft samples from warp(q) and the rule reads exactly that row; the target's p uses the same warp and "
         "a rejection is repaired from normalize(max(0, p - q)). The output follows the warped target exactly: this "
         "is the control every bug below is compared with.",
-        "https://arxiv.org/abs/2211.17192", "Fast Inference from Transformers via Speculative Decoding",
-        "Leviathan et al. 2022, Algorithm 1.",
+        (Reference("https://arxiv.org/abs/2211.17192", "Leviathan et al. 2022",
+                   "Fast Inference from Transformers via Speculative Decoding",
+                   "Algorithm 1: keep each guess with chance min(1, p/q) and replace the first refused one by a draw "
+                   "from normalize(max(0, p - q)); the output then follows the target exactly."),),
         build_correct, SamplingConfig(1.0, 0, 1.0)),
     ZooEntry(
         "greedy-draft", "Greedy draft, softmax q",
@@ -308,41 +319,43 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "drawn from the draft's softmax. The draft's top token is then proposed far more often than q says, the "
         "acceptance test keeps it with chance min(1, p/q) as if it were rare, and every other token can only come "
         "out through the residual: the output over-weights the draft's favourite token. Found in Hugging Face "
-        "transformers' assisted generation (issue #32867, fixed by PR #33534 \"Generate: assistant should sample "
-        "when the main model samples\"); the same mistake was acknowledged in jaymody/speculative-sampling issue #3.",
-        "https://github.com/huggingface/transformers/issues/32867",
-        "Speculative sampling does not maintain probability distribution of main model",
-        "transformers #32867 (closed), fixed by PR #33534 (https://github.com/huggingface/transformers/pull/33534), "
-        "which reverted PR #30778 that had made the assistant greedy for speed. Also jaymody/speculative-sampling #3 "
-        "(https://github.com/jaymody/speculative-sampling/issues/3), where the author confirms the argmax drafting "
-        "breaks the guarantee. All three threads read with the search tool.",
+        "transformers' assisted generation, and in jaymody/speculative-sampling.",
+        (Reference("https://github.com/huggingface/transformers/issues/32867", "transformers #32867",
+                   "Speculative sampling does not maintain probability distribution of main model",
+                   "With do_sample=True the assistant drafts greedily while the main model samples, so the output "
+                   "no longer follows the main model's distribution."),
+         Reference("https://github.com/huggingface/transformers/pull/33534", "transformers PR #33534",
+                   "Generate: assistant should sample when the main model samples",
+                   "The fix: the assistant samples whenever the main model does, reverting PR #30778, which had "
+                   "made it greedy for speed."),
+         Reference("https://github.com/jaymody/speculative-sampling/issues/3", "jaymody/speculative-sampling #3",
+                   "Question about the code",
+                   "The author agrees that drafting by argmax breaks the guarantee: the rule recovers the target "
+                   "only if the guess is drawn from the q it is handed.")),
         build_greedy_draft, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
     ZooEntry(
         "q-before-topk", "q taken before top-k",
         _Q_BEFORE.format(what="top-k") + " Top-k keeps only the k most likely tokens, so the raw q spreads mass over "
         "tokens the draft can never propose, and the kept tokens look rarer to the rule than they are (their "
         "acceptance ratio is inflated by 1 / (raw mass inside the top k)).",
-        T47932, T47932_TITLE,
-        "transformers #47932 (closed): the reporter measured a median total-variation distance of about 0.05 per "
-        "position (worst 0.31) with top_k=50 on SmolLM2-135M drafting for SmolLM2-360M; fixed by PR #48007 "
-        "\"Align logit distributions for CandidateGenerators using sampling\". Read with the search tool.",
+        (_t47932("The candidate generators hand the rule the draft's raw q; with top_k=50 on SmolLM2-135M drafting "
+                 "for SmolLM2-360M the output is off by a median total-variation distance of about 0.05 per "
+                 "position (worst 0.31). Fixed by PR #48007, \"Align logit distributions for CandidateGenerators "
+                 "using sampling\"."),),
         build_q_before_warp, SamplingConfig(1.0, 2, 1.0), _needs_top_k),
     ZooEntry(
         "q-before-temperature", "q taken before temperature",
         _Q_BEFORE.format(what="the temperature") + " A temperature below 1 sharpens the draft's sampling "
         "distribution, so the raw q under-states how often the top tokens are proposed; above 1 it is the reverse.",
-        T47932, T47932_TITLE,
-        "transformers #47932 reports the raw-versus-processed q mismatch for the logits processors in general and "
-        "measures it under top-k; this entry isolates the temperature, which goes through the same processors. "
-        "Read with the search tool.",
+        (_t47932("The q handed to the rule is read before the logits processors that shaped the draft's sample; "
+                 "the temperature is one of them (the report measures the mismatch under top-k)."),),
         build_q_before_warp, SamplingConfig(0.5, 0, 1.0), _needs_temperature),
     ZooEntry(
         "q-before-topp", "q taken before top-p",
         _Q_BEFORE.format(what="top-p") + " Top-p keeps the smallest set of tokens whose mass reaches p, so as with "
         "top-k the raw q wastes mass on tokens that are never proposed.",
-        T47932, T47932_TITLE,
-        "transformers #47932 reports the mismatch for every logits processor the candidate generators skip; this "
-        "entry isolates top-p. Read with the search tool.",
+        (_t47932("The q handed to the rule is read before every logits processor the candidate generators apply "
+                 "to their sample, top-p among them."),),
         build_q_before_warp, SamplingConfig(1.0, 0, 0.85), _needs_top_p),
     ZooEntry(
         "target-not-warped", "Target not warped",
@@ -351,24 +364,25 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "was given -- so the output follows the target's raw softmax instead of the warped one the user asked for: "
         "tokens that top-k/top-p should exclude come out, and a temperature has no effect on the target side. "
         "Fixed in vLLM by PR #10198.",
-        "https://github.com/vllm-project/vllm/pull/10198",
-        "[Bugfix][SpecDecode] apply sampling parameters to target probabilities for consistency in rejection "
-        "sampling.",
-        "vLLM PR #10198 (merged; fixes issue #9834): target probabilities were computed with default sampling "
-        "parameters (top_p=1.0, temperature=1.0, repetition_penalty=1.0) while the draft probabilities were "
-        "filtered by top_p. Read with the search tool.",
+        (Reference("https://github.com/vllm-project/vllm/pull/10198", "vLLM PR #10198",
+                   "[Bugfix][SpecDecode] apply sampling parameters to target probabilities for consistency in "
+                   "rejection sampling.",
+                   "Fixes issue #9834: the target probabilities were computed with default sampling parameters "
+                   "(top_p=1.0, temperature=1.0, repetition_penalty=1.0) while the draft's were filtered by top_p."),),
         build_target_not_warped, SamplingConfig(1.0, 0, 0.7), _needs_any_warp),
     ZooEntry(
         "fresh-p", "Repair drawn from p",
         "After a rejection the token is drawn afresh from the target's p instead of from normalize(max(0, p - q)). "
         "The accepted guesses already deliver min(p, q) of every token, so tokens the draft covers well get their "
         "share twice and tokens the draft under-rates stay short: the output is min(p, q) + (1 - α) p, not p.",
-        "https://github.com/SafeAILab/EAGLE/issues/329",
-        "Non‑greedy rejection sampling ignores draft (q); not lossless per Speculative Decoding",
-        "SafeAILab/EAGLE #329 is an open report (no maintainer reply found) that the non-greedy path samples the "
-        "replacement token from the target's distribution rather than normalize(max(0, p - q)); read with the "
-        "search tool. NJUNLP/MCSD #5 raised the same suspicion and the maintainer showed the residual was in fact "
-        "used, so a repair line that reads 'sample from p' is not by itself this bug.",
+        (Reference("https://github.com/SafeAILab/EAGLE/issues/329", "SafeAILab/EAGLE #329",
+                   "Non‑greedy rejection sampling ignores draft (q); not lossless per Speculative Decoding",
+                   "Reports that the non-greedy path samples the replacement token from the target's distribution "
+                   "rather than from normalize(max(0, p - q))."),
+         Reference("https://github.com/NJUNLP/MCSD/issues/5", "NJUNLP/MCSD #5",
+                   "Questions on sampling from residual distribution",
+                   "The same suspicion, answered: the acceptance check had already turned the target row into the "
+                   "residual in place, so a repair line that reads 'sample from p' is not by itself this bug.")),
         build_fresh_p, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
     ZooEntry(
         "bf16-draw", "Draft sampled in bfloat16, q read in float32",
@@ -377,10 +391,10 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "probability the draft actually sampled from is off by up to ~0.4 % of itself: the output error is real "
         "but tiny, usually far below what a chi-square test on a few thousand rounds can see. (A q computed in "
         "bfloat16 that the draft also samples from is harmless: the rule only needs the two to be the same row.)",
-        "https://github.com/deepseek-ai/DeepSpec/issues/31",
-        "Draft sampling uses a different distribution than speculative rejection",
-        "deepseek-ai/DeepSpec #31 (open issue; it says the fix is PR #30, which casts the logits to float32 before "
-        "temperature and softmax in sample_tokens). Read with the search tool.",
+        (Reference("https://github.com/deepseek-ai/DeepSpec/issues/31", "deepseek-ai/DeepSpec #31",
+                   "Draft sampling uses a different distribution than speculative rejection",
+                   "The draft samples from bf16 probabilities while the rejection reads float32 ones; the fix (PR "
+                   "#30) casts the logits to float32 before temperature and softmax in sample_tokens."),),
         build_bf16_draw, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
     ZooEntry(
         "sampler-order", "Verifier applies top-k and top-p in another order",
@@ -390,14 +404,13 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "cuts the nucleus on the full distribution and intersects it with the top k. Renormalizing first inflates "
         "the kept tokens, so that nucleus closes sooner, and the two supports can differ whenever the top k hold "
         "less than all the mass. The rule is exact for the p it is given, so the output follows the verifier's "
-        "truncation, including tokens the sampler cuts.",
-        "https://github.com/sgl-project/sglang/pull/36173",
-        "[Bugfix] Make top-k/top-p filtering consistent across sampling paths",
-        "SGLang PR #36173 (the thread is marked closed): SGLang's regular sampler takes the top-p cutoff on the "
-        "original distribution and intersects it with top-k, while the shared EAGLE-family / standalone / n-gram "
-        "verifier, the FlashInfer min-p path and the DFlash / DSpark / UNO target builder applied top-k, "
-        "renormalized, then top-p. In SGLang the verifier had the renormalize-first order, the reverse of the roles "
-        "here; exactness breaks on the disagreement, whichever order is the reference. Read with the search tool.",
+        "truncation, including tokens the sampler cuts. (In SGLang the roles were the other way round, the "
+        "verifier renormalizing first; exactness breaks on the disagreement, whichever order is the reference.)",
+        (Reference("https://github.com/sgl-project/sglang/pull/36173", "SGLang PR #36173",
+                   "[Bugfix] Make top-k/top-p filtering consistent across sampling paths",
+                   "The regular sampler cuts top-p on the original distribution and intersects it with top-k, while "
+                   "the speculative verifiers, the FlashInfer min-p path and the DFlash / DSpark / UNO target "
+                   "builder applied top-k, renormalized, then top-p."),),
         build_sampler_order, SamplingConfig(1.0, 2, 0.6), _needs_top_k_and_top_p),
     ZooEntry(
         "verify-argmax", "Verifier takes the target's argmax at any temperature",
@@ -405,15 +418,14 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "likely token and emits that token at the first mismatch, as greedy decoding does, whatever temperature, "
         "top-k or top-p the request asked for. That is the rule with p one-hot on the target's argmax: the output "
         "is that one token every time, and all the mass the warped target gives the other tokens is missing. "
-        "Nothing raises an error; the text just turns greedy.",
-        "https://github.com/sgl-project/sglang/pull/39253",
-        "[AMD][SPEC]Fix DeepSeek-V4 benchmark accuracy gap by supporting temperature sampling in EAGLE verify",
-        "SGLang PR #39253 (open when read): on ROCm, eagle_sample sent every HIP request down the all-greedy "
-        "(argmax) branch, a workaround for a target-only sampling kernel that is not registered there, so EAGLE "
-        "verify ignored the requested temperature with no error or warning; on Simple-QA 30.6 % of requests ended "
-        "without a parseable answer against 0.9 % once the temperature was honoured. The fix draws the target's "
-        "token from softmax(logits / temperature) and accepts a guess only when it equals that token. Read with the "
-        "search tool. (A p scored at temperature 1 is the 'Target not warped' entry.)",
+        "Nothing raises an error; the text just turns greedy. (A p scored at temperature 1 is the 'Target not "
+        "warped' entry.)",
+        (Reference("https://github.com/sgl-project/sglang/pull/39253", "SGLang PR #39253",
+                   "[AMD][SPEC]Fix DeepSeek-V4 benchmark accuracy gap by supporting temperature sampling in EAGLE "
+                   "verify",
+                   "On ROCm every request took the all-greedy (argmax) verify branch, ignoring the temperature "
+                   "without a warning (30.6 % of Simple-QA requests ended without a parseable answer, 0.9 % once "
+                   "it was honoured); the fix draws the target's token from softmax(logits / temperature)."),),
         build_verify_argmax, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
     ZooEntry(
         "logit-bias-skipped", "logit_bias not applied on the speculative path",
@@ -422,13 +434,13 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "p from the unbiased logits. The rule delivers the unbiased target: the banned token comes out as often as "
         "the model likes it, and the other tokens are short by that mass between them. The same report found "
         "min_p missing from that path; this engine's warp has no min_p, so the entry reproduces the logit bias.",
-        "https://github.com/sgl-project/sglang/issues/10617",
-        "[Bug] Sampling settings (logit_bias, min_p) not applied correctly with EAGLE",
-        "SGLang issue #10617 (open when read): with EAGLE, a logit_bias of -100 on GLM's ' the' token (id 279) did "
-        "not keep it out of the output and min_p did not apply to every token, while top_p did. PR #11555 \"make "
-        "sure logit bias is applied during eagle spec decoding verification\" (merged) added the missing logit-bias "
-        "check to the EAGLE verify function; PR #36173 later rejects min_p > 0 on built-in speculative decoding, "
-        "where it is not applied. All read with the search tool.",
+        (Reference("https://github.com/sgl-project/sglang/issues/10617", "SGLang #10617",
+                   "[Bug] Sampling settings (logit_bias, min_p) not applied correctly with EAGLE",
+                   "With EAGLE, a logit_bias of -100 on GLM's ' the' token (id 279) did not keep it out of the "
+                   "output and min_p did not apply to every token, while top_p did."),
+         Reference("https://github.com/sgl-project/sglang/pull/11555", "SGLang PR #11555",
+                   "make sure logit bias is applied during eagle spec decoding verification",
+                   "The fix: the EAGLE verify function checks for the request's logit biases and applies them.")),
         build_logit_bias_skipped, SamplingConfig(1.0, 0, 1.0)),
     ZooEntry(
         "argmax-sampler", "Speculative sampler returns the argmax",
@@ -438,14 +450,10 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "if it matches (a deterministic guess checked that way is the rule with a one-hot q). The output is the "
         "target's argmax every time: the same wrong output as the ROCm verifier entry, reached through the sampler "
         "instead of the verifier, and neither model's temperature or filters change anything.",
-        "https://github.com/EricLBuehler/mistral.rs/pull/2424",
-        "fix(sampler): make speculative sampling actually sample",
-        "mistral.rs PR #2424 (open when read; it says it closes issue #2329, which was not found): "
-        "sample_speculative_top_kp_min_p applied the filters and then returned argmax_f32(&probs), so on the "
-        "speculative path with a temperature set the token was always the most probable one. The PR was read with "
-        "the search tool; in a fetched snapshot of the repository, the late-2025 pipeline/speculative.rs drew both "
-        "the draft's guesses and the target's tokens (sample_target_sequence_speculative, which stops at the first "
-        "mismatch) through that function.",
+        (Reference("https://github.com/EricLBuehler/mistral.rs/pull/2424", "mistral.rs PR #2424",
+                   "fix(sampler): make speculative sampling actually sample",
+                   "sample_speculative_top_kp_min_p applied the filters and then returned argmax_f32(&probs), so "
+                   "with a temperature set the speculative path always emitted the most probable token."),),
         build_argmax_sampler, SamplingConfig(1.0, 0, 1.0), _needs_sampling),
     ZooEntry(
         "eagle-tree-bonus", "Tree: bonus token drawn from a sibling's residual",
@@ -455,15 +463,16 @@ ENTRIES: dict[str, ZooEntry] = {e.key: e for e in [
         "bonus token after it must come from the target's distribution after that candidate; the bug draws it from "
         "the residual, which was meant for the candidate's own position. The first emitted token stays exact and "
         "the second does not, so this entry scores pairs (first → second), with the lab's p as the target's "
-        "distribution after every token. The wrong mass lands on the tokens the residual favours.",
-        "https://github.com/SafeAILab/EAGLE/pull/47", "fix: update verify process",
-        "SafeAILab/EAGLE PR #47 (merged 2024-03-02): when every candidate of a draft path is accepted, the bonus "
-        "token has to be sampled from the logits of the last accepted node (the SpecInfer proof), but "
-        "evaluate_posterior kept sampling it from the sibling-adjusted gtp whenever a sibling had been refused at "
-        "the last level; the fix adds accept_length != candidates.shape[1] to that condition. In issue #50 "
-        "(\"Generation quality loss\", https://github.com/SafeAILab/EAGLE/issues/50) the maintainer names this PR as "
-        "the non-greedy bug behind a reported quality drop. Both threads read with the search tool, the one-line "
-        "diff in a fetched snapshot of the repository. A depth-1 tree is the smallest one that shows it.",
+        "distribution after every token. The wrong mass lands on the tokens the residual favours. A depth-1 tree is "
+        "the smallest one that shows it.",
+        (Reference("https://github.com/SafeAILab/EAGLE/pull/47", "SafeAILab/EAGLE PR #47", "fix: update verify process",
+                   "When every candidate of a path is accepted, the bonus token must come from the last accepted "
+                   "node's logits (the SpecInfer proof), but evaluate_posterior drew it from the sibling-adjusted "
+                   "row whenever a sibling had been refused at the last level; the fix adds accept_length != "
+                   "candidates.shape[1] to that condition."),
+         Reference("https://github.com/SafeAILab/EAGLE/issues/50", "SafeAILab/EAGLE #50", "Generation quality loss",
+                   "The maintainer names PR #47 as the non-greedy bug behind a reported drop in generation "
+                   "quality.")),
         build_eagle_tree, SamplingConfig(1.0, 0, 1.0), _needs_sampling, lab_only=True),
 ]}
 BUG_KEYS = [k for k in ENTRIES if k != "none"]
