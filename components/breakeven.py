@@ -143,7 +143,7 @@ def advice_html(costs: Costs, drafter: str, runs: Sequence[PlacedRun]) -> str:
         '<table class="learn-table be-table" id="be-advice"><tr><th>run</th><th>drafter</th><th>α</th>'
         "<th>mean γ</th><th>measured</th><th>map predicts</th><th>recommended γ at this α</th></tr>"
         f"{''.join(rows)}</table>"
-        '<p class="learn-note">α and mean γ come from each run\'s own metrics (accepted ÷ tested guesses; '
+        '<p class="learn-note">α and mean γ come from each run\'s own metrics (kept ÷ tested guesses; '
         "drafted ÷ rounds). The map assumes independent acceptances; a measured speedup far from its prediction "
         "usually means acceptance varied along the text, or the run's timings were taken under other load.</p>"
     )

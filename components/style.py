@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 COLORS = {
     "p": "#8b5cf6",  # the target's distribution p (purple)
     "q": "#3b82f6",  # the draft's distribution q (blue)
-    "kept": "#16a34a",  # accepted guesses, min(p, q), output that matches p
+    "kept": "#16a34a",  # kept guesses, min(p, q), output that matches p
     "residual": "#f59e0b",  # the repair distribution max(0, p - q)
     "bonus": "#d946ef",
     "wrong": "#dc2626",  # a wrong repair, rejections
