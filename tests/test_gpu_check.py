@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.app  # each test runs scripts/gpu_check.py in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
