@@ -284,7 +284,8 @@ def test_real_pair_greedy_equals_plain_greedy_for_every_drafter(real_pair_fp32, 
     pair = real_pair_fp32
     prompts = [("def fibonacci(n):\n", False), ("The history of the printing press begins", False),
                (GROUNDED[0]["prompt"], True)]
-    gammas = {"ngram": (8, 3, 6), "early-exit": (2, None, 4), "cross": (4, 2, 6)}  # None: not on that prompt
+    gammas = {"ngram": (8, 3, 6), "early-exit": (2, None, 4), "cross": (4, 2, 6),
+              "suffix": (16, None, 8)}  # None: not on that prompt
     kept = dict.fromkeys(gammas, 0)
     for i, (prompt, chat) in enumerate(prompts):
         ref = real_greedy(prompt, NEW_TOKENS, chat)

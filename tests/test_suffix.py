@@ -171,12 +171,13 @@ REPEATS = ["the cat sat on the mat. the cat sat on the mat. the cat",
 def test_greedy_equals_plain_greedy(tiny_pair, prompt):
     ref = plain_decode(tiny_pair, prompt, DecodeSettings(max_new_tokens=32)).ids
     earlier = tiny_pair.tokenizer.decode(ref[:20])
-    for policy, gamma, history in (("fixed", 8, ()), ("heuristic", 4, ()), ("expected", 4, ()),
-                                   ("fixed", 16, (earlier,))):
-        s = DecodeSettings(drafter="suffix", gamma=gamma, gamma_policy=policy, max_new_tokens=32)
+    for drafter, policy, gamma, history in (("suffix", "fixed", 8, ()), ("suffix", "heuristic", 4, ()),
+                                            ("ngram", "expected", 4, ()), ("suffix", "expected", 4, ()),
+                                            ("suffix", "fixed", 16, (earlier,))):
+        s = DecodeSettings(drafter=drafter, gamma=gamma, gamma_policy=policy, max_new_tokens=32)
         dec = SpeculativeDecoder(tiny_pair, prompt, s, history=history)
         rounds = list(dec)
-        assert dec.generated_ids == ref, (prompt[:20], policy, history)
+        assert dec.generated_ids == ref, (prompt[:20], drafter, policy, history)
         assert any(r.gamma for r in rounds)
     with_history = [r.note.source for r in rounds if r.gamma]
     assert "earlier run" in with_history
