@@ -411,12 +411,12 @@ def test_fuzz_truncated_and_flipped_bytes(trace_dict, data):
     _expect_trace_or_trace_error(bytes(raw[:cut] if data.draw(st.booleans()) else raw))
 
 
-# ------------------------------------------------------------------------------ audit defects (issue 10)
+# ------------------------------------------------------------------------- edge cases of import and old versions
 
 
 def test_overflowing_numbers_in_unchecked_fields_are_refused_at_import(trace_dict):
-    # Audit defect d (failed on c6d06f0): a literal 1e400 parsed to inf in 'metrics' or an extra settings/models
-    # key, and the replay then could not be exported ("Out of range float values").
+    # A literal 1e400 once parsed to inf in 'metrics' or an extra settings/models key, and the replay then could
+    # not be exported ("Out of range float values").
     for where in ("metrics", "settings", "models"):
         text = dumps_trace(trace_dict).replace(f'"{where}":{{', f'"{where}":{{"extra":1e400,', 1)
         with pytest.raises(TraceError, match="overflows"):
