@@ -6,8 +6,9 @@ interleaved and rotated on every prompt (bench.harness). Per kind: each contende
 transformers `generate()` and its mean tokens per target pass; in the last columns the best of ours over the
 best of transformers' -- the Spec-Bench leaderboard's shape.
 
-Tokens per target pass are counted the same way for every contender: a forward pre-hook on the target counts its
-calls during the run (prefill included), so transformers' loops are measured by the same rule as ours.
+Tokens per target pass are counted the same way for every contender: a forward pre-hook on the target's body
+(`base_model`, which both transformers' head-and-body forward and our scorer's body-then-head call once a pass)
+counts its calls during the run (prefill included), so transformers' loops are measured by the same rule as ours.
 
 Contenders:
 - ours: the draft model at γ 4 (`model`), the same with its int8, int4 and int4-all drafts (`model_int8`,
@@ -66,7 +67,7 @@ LOOKUP_TOKENS = 10
 
 @dataclass
 class PassCounter:
-    """Counts the target's forward calls while it is installed (a forward pre-hook)."""
+    """Counts the target body's forward calls while it is installed (a forward pre-hook)."""
 
     calls: int = 0
 
@@ -108,7 +109,7 @@ def run_suite(pair, jobs: list[Job], field: list[Contender], repeats: int, base:
     """Every contender on every prompt, interleaved and rotated (bench.harness.interleaved), the target's
     forward calls counted per run."""
     counter = PassCounter()
-    hook = pair.target.register_forward_pre_hook(counter)
+    hook = pair.target.base_model.register_forward_pre_hook(counter)
     try:
         warm_up(field, jobs[0].prompt, base)
         runs = []

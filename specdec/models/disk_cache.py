@@ -100,7 +100,9 @@ def read_tensors(path: Path, identity: dict) -> dict[str, torch.Tensor] | None:
             meta = f.metadata() or {}
         if meta.get("identity") != digest(FORMAT, identity):
             return None
-        tensors = load_file(str(path))
+        # Fresh, aligned copies: load_file's tensors view the file's bytes at the offsets safetensors packed them,
+        # and the int8/int4 kernels fault on a weight that is not aligned as an allocation is.
+        tensors = {k: v.clone() for k, v in load_file(str(path)).items()}
         if meta.get("checksum") != tensor_digest(sorted(tensors.items())):
             return None
         return tensors
