@@ -76,6 +76,19 @@ def test_metrics_summarize_the_run(run, trace_dict):
     assert trace_dict["metrics"]["alpha"] == m.alpha  # the file's summary is what import recomputes
 
 
+def test_the_plain_baseline_and_its_step_count_round_trip(run, doc):
+    doc["baseline_ms_per_token"], doc["baseline_steps"] = 75.0, 9
+    back = load_trace(json.dumps(doc))
+    assert (back.baseline_ms_per_token, back.baseline_steps) == (75.0, 9)
+    assert record_to_dict(back)["baseline_steps"] == 9
+    for bad in (-1, 2.5, "9", True):
+        doc["baseline_steps"] = bad
+        with pytest.raises(TraceError, match="baseline_steps"):
+            load_trace(json.dumps(doc))
+    del doc["baseline_steps"]  # written before the field existed
+    assert load_trace(json.dumps(doc)).baseline_steps == 0
+
+
 def test_non_finite_metric_values_are_written_as_null(run, monkeypatch):
     from specdec.io import trace as trace_mod
 

@@ -68,6 +68,7 @@ def record_to_dict(record: RunRecord) -> dict:
         "rounds": [r.to_dict() for r in record.rounds],
         "costs": asdict(record.costs) if record.costs else None,
         "baseline_ms_per_token": record.baseline_ms_per_token,
+        "baseline_steps": record.baseline_steps,
         "metrics": _finite_or_null(metrics),
     }
 
@@ -132,6 +133,9 @@ def load_trace(text_or_bytes: str | bytes | bytearray) -> RunRecord:
     baseline = doc.get("baseline_ms_per_token")
     if baseline is not None:
         _duration(baseline, "baseline_ms_per_token")
+    steps = doc.get("baseline_steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise TraceError(f"'baseline_steps' must be a whole number >= 0, got {_short(steps)}")
     return RunRecord(
         prompt=prompt,
         prompt_ids=prompt_ids,
@@ -142,6 +146,7 @@ def load_trace(text_or_bytes: str | bytes | bytearray) -> RunRecord:
         stop_reason=rounds[-1].stop_reason if rounds else None,
         costs=_check_costs(doc.get("costs")),
         baseline_ms_per_token=float(baseline) if baseline else None,
+        baseline_steps=steps if baseline else 0,
         label=_string(label, "label"),
         created=doc["created"],
     )
