@@ -39,19 +39,6 @@ The benchmark modes and what each measured are in [benchmarks.md](benchmarks.md)
 """
 
 
-# Words for flags whose parser gives no help text; a parser's own help always wins over these.
-FALLBACK_HELP = {
-    "--prompt": "the prompt text",
-    "--confidence-threshold": "with --adaptive confidence: end a draft after a token whose draft probability is "
-                              "below this",
-    "--max-new-tokens": "token budget of the run (bench: per prompt; default: the mode's own)",
-    "--seed": "random seed: the same seed, settings, pair, dtype and device give the same text",
-    "--dtype": "model dtype; auto is bfloat16 on CUDA and on CPUs with native bf16, else float32",
-    "--device": "auto picks CUDA when present",
-    "--repeats": "repeats per prompt; the tables report medians (default: the mode's own)",
-    "--kinds": "comma list of prompt kinds",
-    "--out": "where the JSON and tables are written",
-}
 TYPE_WORDS = {"int": "whole number", "float": "number", "_gamma": "whole number \\| `auto`"}
 
 
@@ -116,7 +103,7 @@ def render() -> str:
         out.append("|---|---|---|---|")
         for action in _options(sub):
             names = ", ".join(f"`{s}`" for s in action.option_strings)
-            out.append(f"| {names} | {_takes(action)} | {_default(action)} | {_cell(action.help or FALLBACK_HELP.get(action.option_strings[0], ''))} |")
+            out.append(f"| {names} | {_takes(action)} | {_default(action)} | {_cell(action.help)} |")
     return "\n".join(out) + "\n"
 
 

@@ -17,8 +17,9 @@ def _add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pair", default="default", help="preset pair name (default: the embedded Qwen2.5-Coder pair)")
     ap.add_argument("--target", help="target model: hub id or local folder (overrides the pair's target)")
     ap.add_argument("--draft", help="draft model: hub id or local folder (overrides the pair's draft)")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="model dtype; auto is bfloat16 on CUDA and on CPUs with native bf16, else float32")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto picks CUDA when present")
     ap.add_argument("--device-map", choices=["auto", "balanced", "balanced_low_0", "sequential", "none"],
                     help="shard the target across devices with accelerate (default: $SPECDEC_DEVICE_MAP, else none)")
     ap.add_argument("--draft-quant", choices=["none", *QUANT_MODES], default=None,
@@ -37,7 +38,8 @@ def _add_sampling_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-k", type=int, default=0, help="0 = off")
     ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="random seed: the same seed, settings, pair, dtype and device give the same text")
 
 
 def _gamma(text: str):
@@ -54,13 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text with speculative decoding")
-    g.add_argument("--prompt", required=True)
+    g.add_argument("--prompt", required=True, help="the prompt text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     g.add_argument("--gamma", type=_gamma, default=4, help="draft tokens per round, or 'auto' (adaptive)")
     g.add_argument("--adaptive", choices=["expected", "heuristic", "confidence"], default="expected",
                    help="with --gamma auto: the gamma with the best predicted speedup from running alpha and c "
                         "estimates, the +2/-1 schedule, or stop drafting below --confidence-threshold")
-    g.add_argument("--confidence-threshold", type=float, default=0.4)
+    g.add_argument("--confidence-threshold", type=float, default=0.4,
+                   help="with --adaptive confidence: end a draft after a token whose draft probability is below this")
     g.add_argument("--draft-vocab", type=int, default=None,
                    help="draft head: ids below N plus EOS and the text's own tokens; 0 = full vocabulary; "
                         "default: 65536 for large vocabularies")
@@ -79,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the target checks the guesses: pq keeps x with probability min(1, p/q); strict keeps it "
                         "only if the target's own draw is x; block judges the guesses jointly (keeps at least as "
                         "many as pq in expectation); all three are exact")
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=64, help="token budget of the run")
     g.add_argument("--trace", metavar="FILE", help="write the run as a specdec trace (JSON) to FILE")
     _add_sampling_args(g)
     _add_model_args(g)

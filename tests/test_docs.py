@@ -140,6 +140,13 @@ def test_every_flag_is_on_the_cli_page(command):
     assert not missing, f"docs/cli.md lacks {missing} of `{command}`: run python scripts/cli_docs.py"
 
 
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_every_flag_says_what_it_does(command):
+    bare = [a.option_strings[0] for a in _parsers()[command]._actions
+            if a.option_strings and a.dest != "help" and not (a.help or "").strip()]
+    assert not bare, f"`{command}` flags without a help text: {bare}"
+
+
 def test_the_cli_page_is_what_the_generator_writes():
     assert CLI_PAGE.read_text(encoding="utf-8") == _cli_docs().render(), \
         "docs/cli.md is out of date: run python scripts/cli_docs.py"

@@ -18,7 +18,7 @@ from tests.test_drafters import SAMPLED, _ngram_prompt, joint_chi_square
 from tests.test_engine import check_caches_hold_committed
 
 PROMPT = "def fibonacci(n):"
-ENGINES = ("static", "compiled")
+ENGINES = ("static", pytest.param("compiled", marks=pytest.mark.compile))
 
 
 def on(pair, engine: str):
@@ -61,6 +61,7 @@ def test_caches_hold_the_committed_text_after_rejections(no_eos, engine):
 
 
 @pytest.mark.stat
+@pytest.mark.compile
 def test_first_three_tokens_follow_the_target_on_the_compiled_engine(no_eos, one_thread):
     pair = on(no_eos, "compiled")
     prompt = _ngram_prompt(pair)
@@ -89,6 +90,7 @@ def test_a_cache_that_does_not_roll_back_is_caught(no_eos, monkeypatch):
         check_caches_hold_committed(no_eos, dec, tol=1e-4)
 
 
+@pytest.mark.compile
 def test_padding_slots_are_given_back(no_eos):
     lm = open_lm(no_eos.target, no_eos.vocab_size, engine="compiled", max_len=64)
     lm.feed([5, 6, 7])  # eager: the first pass allocates the cache
@@ -116,6 +118,7 @@ def test_engine_names_and_limits_are_checked(no_eos, monkeypatch):
     assert BUCKETS[0] == 1 and list(BUCKETS) == sorted(BUCKETS)
 
 
+@pytest.mark.compile
 def test_the_cli_takes_the_compiled_engine(no_eos, capsys):
     from specdec.cli import main
 
@@ -125,6 +128,7 @@ def test_the_cli_takes_the_compiled_engine(no_eos, capsys):
     assert '"engine": "compiled"' in out
 
 
+@pytest.mark.compile
 def test_precompiled_buckets_leave_nothing_to_compile_mid_run(no_eos):
     from torch._dynamo.utils import counters
 

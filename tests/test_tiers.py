@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import TIER_MISSING, fixture_tiers, start_app
 
 ROOT = Path(__file__).resolve().parent.parent
-TIERS = ("slow", "browser", "app", "stat")
-FAST_TIER = "not slow and not browser and not app and not stat"
+TIERS = ("slow", "browser", "app", "stat", "compile")
+FAST_TIER = "not slow and not browser and not app and not stat and not compile"
 
 
 def test_every_collected_test_carries_the_markers_of_what_it_uses(request):

@@ -499,10 +499,9 @@ def guarded(handler, n_outputs: int | None = None):
 
 
 def default_pair_name() -> str:
-    """The pair the app opens on: the embedded pair with its int4 draft on a CPU (measured faster there: the draft's
-    cost per guess is 0.21 of a verify pass against 0.40 for the bf16 draft, at its acceptance within 0.012 on every
-    task kind; 2.12x plain decoding against 1.46x, `bench --quant-draft` on the prepacked target), the plain one on a
-    GPU, where the packed kernels do not run."""
+    """The pair the app opens on: the embedded pair with its int4 draft on a CPU (the packed draft reads a quarter of
+    the bytes a step, at the bf16 draft's acceptance; `bench --quant-draft` measures it, docs/performance.md), the
+    plain one on a GPU, where the packed kernels do not run, or when float32 is asked for."""
     import torch
 
     on_gpu = os.environ.get("SPECDEC_DEVICE", "auto") == "cuda" or torch.cuda.is_available()

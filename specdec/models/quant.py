@@ -7,33 +7,22 @@ the output projection (lm_head) for a packed layer:
   `torch.ops.aten._weight_int8pack_mm` (x [M, K], weight int8 [N, K], scales [N] in x's dtype);
 - "int4": the MLP projections (`MLP_NAMES`: gate/up/down, three quarters of a Qwen2.5 layer's weights) as
   `Int4Linear`, 4-bit weights with a scale and an offset per group of INT4_GROUP weights of a row (w ~ q * scale +
-  min, q in 0..15), multiplied by `torch.ops.aten._weight_int4pack_mm_for_cpu` (weight packed by
-  `_convert_weight_to_int4pack_for_cpu`, two values per byte, N padded to a multiple of 16); the attention
-  projections and the head stay int8. With every layer in 4 bits the draft agreed with the target's greedy tokens
-  less often (teacher-forced on the target's own 64-token outputs, 3 prompts per kind: prose 0.651, chat 0.792
-  against 0.688 and 0.836 for the bf16 draft); with the MLPs alone in 4 bits 0.677 and 0.831 (code 0.948 against
-  0.958 either way), and with the range search (`quantize_groups`) acceptance matched the bf16 draft's in the
-  loop: alpha within 0.011 on every kind of `bench --quant-draft`, at c_loop 0.14 against 0.34 (0.21 against 0.40
-  once the target's layers were prepacked and its verify pass got cheaper);
-- "int4-all": every decoder layer and the head as `Int4Linear`. The cheapest draft step (25 ms against 33 ms for
-  "int4" in plain decoding, c_loop 0.187 against 0.217 in one `bench --quant-draft` run), but the 4-bit attention
-  and head cost acceptance on prose (alpha 0.602 against 0.678 for "int4" and 0.667 for bf16; code, chat and
-  grounded text within 0.011), so it is an option, not a preset. Its range search over the 151,936-row head makes
-  quantizing take ~75 s instead of ~35 s.
+  min, q in 0..15, each group's range chosen by `quantize_groups`' search), multiplied by
+  `torch.ops.aten._weight_int4pack_mm_for_cpu` (weight packed by `_convert_weight_to_int4pack_for_cpu`, two values
+  per byte, N padded to a multiple of 16); the attention projections and the head stay int8, because 4-bit
+  attention and head weights cost the draft agreement with the target where 4-bit MLPs do not;
+- "int4-all": every decoder layer and the head as `Int4Linear`: the cheapest draft step, at some acceptance on
+  prose, so an option rather than a preset.
 
-A one-token draft step is bound by reading weights, and the packed kernels read a half (int8) or a quarter
-(int4) of the bf16 bytes. On this project's 2-core CPU (AMD EPYC, AVX-512), for one row and a [4864, 896]
-projection not in cache: bf16 ~600 us, int8 ~400 us, int4 ~140-160 us; a Qwen2.5-0.5B draft step with a 65,536-id
-head took 80 ms (bf16), 44 ms (int8) and 25 ms (every layer int4, groups of 32). The kernels are made for a few rows:
-over 16 rows (a prompt's prefill) int8 ran 2.7x and int4 1.9x slower than the bf16 matmul, so every packed layer
-keeps its dequantized weight as well (`dense`, in the activation dtype) and multiplies passes of more than
-DENSE_ROWS rows by it. With float32 activations the kernels measured slower than the dense float32 matmul, so
-float32 is refused (`InvalidInputError`), as is any device other than the CPU.
+Why it pays: a one-token draft step is bound by reading weights, and the packed kernels read a half (int8) or a
+quarter (int4) of the bf16 bytes. They are made for a few rows, so every packed layer keeps its dequantized weight
+as well (`dense`, in the activation dtype) and multiplies passes of more than DENSE_ROWS rows (a prefill) by it.
+float32 activations are refused (`InvalidInputError`: there the dense float32 matmul is the faster kernel), as is
+any device other than the CPU. The measured costs and acceptances per kind are in docs/performance.md.
 
 The input embeddings stay as they are (a row lookup reads one row per token). When lm_head was tied to them, the
 packed head is a separate copy and the tie is dropped. The original float layers are freed; each packed layer's
-`dense` copy means a quantized draft holds its weights twice (packed and dequantized), which a CPU's memory affords
-for a draft-sized model.
+`dense` copy means a quantized draft holds its weights twice (packed and dequantized).
 
 Speculative decoding stays exact with a quantized draft: q is the quantized model's own distribution (whichever
 kernel computed a pass), the one the drafter samples from and reports to the rule. `select_rows` gives the draft's
