@@ -34,8 +34,9 @@ from specdec.models.pair import PAIRS, ModelPair, load_pair, pair_ids
 STEPS = (("assembling qwen2.5-coder-1.5b", 0.0, 0.10), ("converting qwen2.5-coder-1.5b", 0.10, 0.0),
          ("assembling qwen2.5-coder-0.5b", 0.45, 0.05), ("converting qwen2.5-coder-0.5b", 0.50, 0.0),
          ("loading tokenizer", 0.65, 0.0), ("loading target", 0.68, 0.0), ("loading draft", 0.78, 0.0),
-         ("quantizing", 0.82, 0.0), ("prepacking", 0.88, 0.0), ("checking the packed kernels", 0.90, 0.0),
-         ("waiting for the server", 0.94, 0.0), ("measuring", 0.95, 0.0), ("models ready", 1.0, 0.0))
+         ("target and draft loaded", 0.81, 0.0), ("quantizing", 0.82, 0.0), ("prepacking", 0.88, 0.0),
+         ("checking the packed kernels", 0.90, 0.0),
+         ("waiting for the server", 0.94, 0.0), ("measuring", 0.95, 0.0), ("models ready in", 1.0, 0.0))
 
 
 def progress_fraction(message: str) -> float | None:

@@ -327,7 +327,7 @@ def _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map=
     vocab = min(tgt.config.vocab_size, drf.config.vocab_size)
     if len(tok) > vocab:
         raise VocabularyMismatchError(f"tokenizer has {len(tok)} tokens but a model has only {vocab} logits")
-    _say(progress, "models ready")
+    _say(progress, "target and draft loaded")
     return ModelPair(tgt, drf, tok, dev, dt, label, target_id, draft_id, vocab, eos_ids(tok, tgt, drf), hf_map)
 
 
