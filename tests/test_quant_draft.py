@@ -366,3 +366,16 @@ def test_the_app_opens_on_the_int4_draft_on_a_cpu_only(monkeypatch):
     monkeypatch.delenv("SPECDEC_DTYPE")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_pair_name() == "default"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantizing_a_few_rows_at_a_time_gives_the_one_pass_bits(dtype):
+    from specdec.models.quant import dequantize_groups, dequantize_rows
+
+    gen = torch.Generator().manual_seed(0)
+    q4 = torch.randint(0, 16, (700, 96), generator=gen, dtype=torch.int32)
+    scales, mins = torch.randn(700, 3, generator=gen).to(dtype), torch.randn(700, 3, generator=gen).to(dtype)
+    whole = (q4.float().reshape(700, 3, 32) * scales.float()[..., None] + mins.float()[..., None]).reshape(700, 96)
+    assert torch.equal(dequantize_groups(q4, scales, mins, dtype, rows=64), whole.to(dtype))
+    q8 = torch.randint(-127, 128, (700, 96), generator=gen, dtype=torch.int8)
+    assert torch.equal(dequantize_rows(q8, scales[:, 0], dtype, rows=64), (q8.float() * scales[:, :1].float()).to(dtype))

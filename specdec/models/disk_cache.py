@@ -45,7 +45,8 @@ def tensor_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     for name, t in named:
         t = t.detach().contiguous().cpu()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # the bytes in place, not a copy
     return h.hexdigest()
 
 

@@ -132,11 +132,28 @@ def quantize_groups(weight: torch.Tensor, dtype: torch.dtype, group: int = INT4_
     return q.to(torch.int32).reshape(n, k), scales, mins
 
 
-def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """The float32 weight [N, K] that q * scale + min stands for (quantize_groups' inverse up to rounding)."""
+def dequantize_rows(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32,
+                    rows: int = 1024) -> torch.Tensor:
+    """The weight [N, K] that int8 q * scale stands for, computed in float32 and rounded to `dtype`, `rows` rows at
+    a time (the same bits as one pass: small temporaries)."""
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    for i in range(0, q.shape[0], rows):
+        out[i : i + rows] = q[i : i + rows].float() * scales[i : i + rows].float()[:, None]
+    return out
+
+
+def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                      dtype: torch.dtype = torch.float32, rows: int = 256) -> torch.Tensor:
+    """The weight [N, K] that q * scale + min stands for (quantize_groups' inverse up to rounding), computed in
+    float32 and rounded to `dtype`; `rows` rows at a time, so the float32 temporaries stay small (the same bits
+    as one pass over the whole matrix: every element is its own product and sum)."""
     n, k = q.shape
-    g = q.float().reshape(n, scales.shape[1], -1)
-    return (g * scales.float()[..., None] + mins.float()[..., None]).reshape(n, k)
+    out = torch.empty(n, k, dtype=dtype, device=q.device)
+    for i in range(0, n, rows):
+        g = q[i : i + rows].float().reshape(-1, scales.shape[1], k // scales.shape[1])
+        out[i : i + rows] = (g * scales[i : i + rows].float()[..., None]
+                             + mins[i : i + rows].float()[..., None]).reshape(-1, k)
+    return out
 
 
 class PackedLinear(nn.Module):
@@ -185,7 +202,7 @@ class Int8Linear(PackedLinear):
         if qweight.dtype != torch.int8 or qweight.dim() != 2 or scales.shape != qweight.shape[:1]:
             raise ValueError("Int8Linear needs an int8 weight [N, K] and scales [N]")
         if dense is None:
-            dense = (qweight.float() * scales.float()[:, None]).to(scales.dtype)
+            dense = dequantize_rows(qweight, scales, scales.dtype)
         super().__init__(dense, bias)
         self.register_buffer("qweight", qweight)
         self.register_buffer("scales", scales)
@@ -215,7 +232,7 @@ class Int8Linear(PackedLinear):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight [N, K] the int8 kernel multiplies by, q * scale."""
-        return self.qweight.float() * self.scales.float()[:, None]
+        return dequantize_rows(self.qweight, self.scales)
 
     def select_rows(self, rows: slice | torch.Tensor) -> "Int8Linear":
         """The same layer restricted to some output rows: a slice shares the storage, an index tensor copies."""
@@ -272,7 +289,7 @@ class Int4Linear(PackedLinear):
     @classmethod
     def from_codes(cls, codes: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> "Int4Linear":
         q, scales, mins = codes["q"].to(torch.int32), codes["scales"], codes["mins"]
-        return cls(dequantize_groups(q, scales, mins).to(scales.dtype), bias, *pack_int4(q, scales, mins))
+        return cls(dequantize_groups(q, scales, mins, scales.dtype), bias, *pack_int4(q, scales, mins))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> "Int4Linear":
