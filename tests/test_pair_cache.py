@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+import sys
 
 import pytest
 import torch
@@ -176,3 +177,18 @@ def test_the_app_loader_lets_an_evicted_pair_go(cache):
     tiny(2)  # over the limit: pair 1 leaves the cache, and the loader forgets its job
     assert loader.peek(req) is None
     assert dead(ref), "the loader must not keep an evicted pair alive"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
+def test_freed_heap_pages_go_back_to_the_system():
+    import psutil
+
+    from specdec.models.pair import release_freed_memory
+
+    rss = lambda: psutil.Process().memory_info().rss / 2**20  # noqa: E731
+    blocks = [bytearray(64 * 1024) for _ in range(4000)]  # 250 MiB in heap-sized blocks, as a load leaves them
+    keep = blocks[-1]  # noqa: F841 -- the heap's top stays in use: freeing alone returns nothing
+    grown = rss()
+    del blocks
+    assert release_freed_memory()
+    assert rss() < grown - 150
