@@ -147,14 +147,10 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path) -> dict:
 
 
 def cpu_name() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    name = re.search(r"model name\s*:\s*(.*)", info)
-    flags = set((re.search(r"flags\s*:\s*(.*)", info) or re.match("", "")).group(0).split())
-    extra = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
-    return f"{name.group(1).strip() if name else 'unknown'} ({', '.join(extra) or 'no AVX2'})"
+    sys.path.insert(0, str(ROOT))
+    from specdec.models.pair import cpu_name as name
+
+    return name()
 
 
 def main(argv=None) -> int:

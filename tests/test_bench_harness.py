@@ -89,13 +89,19 @@ def test_formatting_and_tables():
 def test_write_result_writes_the_file_and_says_where(tmp_path, monkeypatch, capsys):
     out = tmp_path / "a" / "b.json"
     assert h.write_result({"x": [1, 2]}, str(out), "ignored.json", note=" (3 s)") == out
-    assert json.loads(out.read_text()) == {"x": [1, 2]}
+    from specdec.models.pair import cpu_name
+
+    cpu = cpu_name()
+    assert json.loads(out.read_text()) == {"x": [1, 2], "cpu": cpu}  # every result says which CPU it came from
+    assert cpu and json.loads(out.read_text())["cpu"] == cpu
     assert f"wrote {out} (3 s)" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)  # no --out: the file given as the default
     path = h.write_result({"y": 1}, None, "bench-results/mode.json")
-    assert str(path) == "bench-results/mode.json" and json.loads((tmp_path / path).read_text()) == {"y": 1}
+    assert str(path) == "bench-results/mode.json" and json.loads((tmp_path / path).read_text()) == {"y": 1, "cpu": cpu}
     h.write_result({"z": 1}, None)
-    assert json.loads((tmp_path / h.BENCH_OUT).read_text()) == {"z": 1}
+    assert json.loads((tmp_path / h.BENCH_OUT).read_text()) == {"z": 1, "cpu": cpu}
+    h.write_result({"z": 1, "cpu": "the machine a GPU run named"}, None)
+    assert json.loads((tmp_path / h.BENCH_OUT).read_text())["cpu"] == "the machine a GPU run named"
 
 
 def test_every_bench_mode_reads_its_defaults_from_the_one_table():

@@ -335,10 +335,12 @@ def loop_parts(samples: list[Sample]) -> dict:
 
 
 def write_result(result: dict, out: str | None, default: str = BENCH_OUT, note: str = "") -> Path:
-    """Write the result as JSON to `out` (`defaults.resolve` fills in the mode's own file; None: `default`) and
-    say where."""
+    """Write the result as JSON to `out` (`defaults.resolve` fills in the mode's own file; None: `default`), with
+    the CPU it was measured on, and say where."""
+    from specdec.models.pair import cpu_name
+
     path = Path(out or default)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    path.write_text(json.dumps({**result, "cpu": result.get("cpu") or cpu_name()}, indent=2))
     log(f"wrote {path}{note}")
     return path

@@ -17,6 +17,8 @@ import dataclasses
 import gc
 import json
 import os
+import platform
+import re
 import tempfile
 import threading
 from collections import OrderedDict
@@ -103,6 +105,19 @@ def cpu_has_fast_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_name() -> str:
+    """This CPU's model name and the matmul instructions that set its costs, e.g. "AMD EPYC (avx512_bf16, avx512f,
+    avx2)": every timing the project reports says which CPU it came from."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = re.search(r"model name\s*:\s*(.*)", info)
+    flags = set((re.search(r"flags\s*:\s*(.*)", info) or re.match("", "")).group(0).split())
+    extra = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
+    return f"{name.group(1).strip() if name else 'unknown'} ({', '.join(extra) or 'no AVX2'})"
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
