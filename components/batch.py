@@ -8,7 +8,7 @@ run's rounds (specdec.loop.batched.BatchRound dicts) to Plotly figures and HTML 
 - `render_batch_view`: B token streams advancing together round by round; rows that kept more guesses than the
   slowest row visibly wait (their extra tokens are shown as held back), the slowest row is marked.
 - `crossover_reading`: the plain-words reading of where speculation stops paying and why.
-- `loop_figure`, `pace_figure`, `render_ragged_view`, `render_both_views`: the ragged loop (specdec.loop.ragged)
+- `loop_figure`, `pace_figure`, `render_ragged_view`, `render_both_views`: the ragged commit rule (specdec.loop.batched)
   beside lockstep: throughput and p90 latency per loop against B, each request's tokens over time in both loops,
   and the ragged run's token streams, where rows gain different counts per round.
 """

@@ -12,7 +12,7 @@ import torch
 import specdec.loop.batched as batched
 from specdec.loop.batched import (
     MAX_BATCH,
-    BatchedSpeculativeDecoder,
+    BatchDecoder,
     encode_batch,
     plain_batch_decode,
     speculative_batch_decode,
@@ -42,7 +42,7 @@ def test_greedy_rows_equal_batch1_greedy(tiny_pair, gamma):
 
 def test_lockstep_bookkeeping(no_eos):
     s = DecodeSettings(gamma=4, max_new_tokens=40, sampling=SamplingConfig(temperature=0.8), seed=2)
-    dec = BatchedSpeculativeDecoder(no_eos, PROMPTS, s)
+    dec = lockstep(no_eos, PROMPTS, s)
     rounds = []
     while not dec.done:
         rounds.append(dec.step())
@@ -65,22 +65,26 @@ def test_lockstep_bookkeeping(no_eos):
     assert 0 < st["alpha"] < 1 and st["thrown_per_round"] > 0
 
 
+def lockstep(pair, prompts, settings=DecodeSettings()) -> BatchDecoder:
+    return BatchDecoder(pair, prompts, settings, commit="lockstep")
+
+
 def test_caches_match_a_fresh_forward(no_eos):
-    """After rejections both rectangular caches hold exactly the committed text of every row (pads masked)."""
+    """After rejections and lockstep cuts both caches hold exactly the committed text of every row (pads, cut and
+    rejected guesses are holes), and every row has emitted the same count."""
     s = DecodeSettings(gamma=5, max_new_tokens=60, sampling=SamplingConfig(temperature=1.0), seed=4)
-    dec = BatchedSpeculativeDecoder(no_eos, PROMPTS, s)
+    dec = lockstep(no_eos, PROMPTS, s)
     for _ in range(6):
         dec.step()
-    assert sum(r.thrown for r in dec.rounds) > 0
-    rows = dec.rows
-    assert dec.target.length == rows.width - 1 and dec.target.cache.get_seq_length() == rows.width - 1
-    assert rows.width - 2 <= dec.draft.length <= rows.width - 1
+    assert sum(r.thrown for r in dec.rounds) > 0 and len({len(o) for o in dec.out}) == 1
     for lm, model in ((dec.target, no_eos.target), (dec.draft, no_eos.draft)):
-        cont = lm.forward(rows.tokens[:, lm.length :], rows.mask, 1)[:, -1]
+        have = lm.counts(dec.batch)
+        assert all(len(dec.text(b)) - 2 <= have[b] <= len(dec.text(b)) - 1 for b in range(dec.batch))
+        ids, valid = dec._catch_up(lm)
+        cont = lm.score(ids, pad=~valid, n_logits=1)[:, -1]
         for b in range(len(PROMPTS)):
-            ids = rows.prompt_ids[b] + rows.out[b]
             with torch.inference_mode():
-                fresh = model(input_ids=torch.tensor([ids])).logits[0, -1, : no_eos.vocab_size]
+                fresh = model(input_ids=torch.tensor([dec.text(b)])).logits[0, -1, : no_eos.vocab_size]
             assert (cont[b] - fresh).abs().max().item() < 1e-4
 
 
@@ -179,17 +183,17 @@ def test_bad_batches_are_refused(tiny_pair, prompts, match):
     with pytest.raises(InvalidInputError, match=match):
         encode_batch(tiny_pair.tokenizer, prompts)
     with pytest.raises(InvalidInputError, match=match):
-        BatchedSpeculativeDecoder(tiny_pair, prompts)
+        lockstep(tiny_pair, prompts)
     with pytest.raises(InvalidInputError, match=match):
         plain_batch_decode(tiny_pair, prompts)
 
 
 def test_bad_settings_are_refused(tiny_pair):
     with pytest.raises(InvalidInputError, match="gamma"):
-        BatchedSpeculativeDecoder(tiny_pair, ["a"], DecodeSettings(gamma=0))
+        lockstep(tiny_pair, ["a"], DecodeSettings(gamma=0))
     with pytest.raises(InvalidInputError, match="fixed gamma"):
-        BatchedSpeculativeDecoder(tiny_pair, ["a"], DecodeSettings(gamma_policy="heuristic"))
-    dec = BatchedSpeculativeDecoder(tiny_pair, ["a"], DecodeSettings(max_new_tokens=1))
+        lockstep(tiny_pair, ["a"], DecodeSettings(gamma_policy="heuristic"))
+    dec = lockstep(tiny_pair, ["a"], DecodeSettings(max_new_tokens=1))
     dec.run()
     with pytest.raises(InvalidInputError, match="finished"):
         dec.step()

@@ -16,7 +16,7 @@ from specdec.core.settings import DecodeSettings
 from specdec.core.stop import STOP_LABELS, StopReason, cut_at_stop, stop_label
 from specdec.core.verify import BatchVerdict
 from specdec.loop import batched
-from specdec.loop.batched import BatchedSpeculativeDecoder
+from specdec.loop.batched import BatchDecoder
 from specdec.loop.decoder import SpeculativeDecoder
 
 
@@ -98,7 +98,7 @@ def _independent_counts(rounds) -> tuple[int, int]:
 @pytest.mark.parametrize("seed", [0, 3])
 def test_batched_alpha_counts_only_what_reached_the_text(tiny_pair, seed):
     s = DecodeSettings(gamma=4, max_new_tokens=24, sampling=SamplingConfig(temperature=1.0), seed=seed)
-    res = BatchedSpeculativeDecoder(tiny_pair, PROMPTS, s).run()
+    res = BatchDecoder(tiny_pair, PROMPTS, s, commit="lockstep").run()
     kept, tested = _independent_counts(res.rounds)
     st = res.stats()
     assert (st["kept"], st["tested"]) == (kept, tested)
@@ -124,10 +124,10 @@ def test_a_row_that_ends_does_not_hold_the_others_back(no_eos, monkeypatch):
     pair = dataclasses.replace(no_eos, eos_token_ids=(eos,))
     # Round 1: row 0 accepts nothing and its repair token is EOS (it ends); row 1 accepts all 4 guesses.
     _scripted_verdicts(monkeypatch, [([0, 4], [eos, 11])])
-    dec = BatchedSpeculativeDecoder(pair, PROMPTS[:2], DecodeSettings(gamma=4, max_new_tokens=20, seed=0))
+    dec = BatchDecoder(pair, PROMPTS[:2], DecodeSettings(gamma=4, max_new_tokens=20, seed=0), commit="lockstep")
     dec.draft.keep_in_head([eos, 11])
     rnd = dec.step()
-    assert rnd.committed[0] == [eos] and dec.rows.stop[0] == StopReason.EOS
+    assert rnd.committed[0] == [eos] and dec.stop[0] == StopReason.EOS
     assert len(rnd.committed[1]) == 5, "row 1 must keep its 4 accepted guesses and its bonus token"
     assert rnd.slowest == 4 and rnd.held == [0, 0] and rnd.own == [True, True]
 
@@ -135,17 +135,17 @@ def test_a_row_that_ends_does_not_hold_the_others_back(no_eos, monkeypatch):
 def test_post_eos_guesses_are_cut_in_the_batched_counts(no_eos, monkeypatch):
     pair = dataclasses.replace(no_eos, eos_token_ids=(7,))
     s = DecodeSettings(gamma=4, max_new_tokens=20, seed=0)
-    dec = BatchedSpeculativeDecoder(pair, PROMPTS[:2], s)
+    dec = BatchDecoder(pair, PROMPTS[:2], s, commit="lockstep")
     # Force row 0's first guess to be EOS: every row's guesses are drawn, then the script accepts all of them.
-    real_forward = dec.draft.forward
+    real_score = dec.draft.score
 
-    def forward(ids, mask, n_logits):
-        out = real_forward(ids, mask, n_logits).clone()
+    def score(ids, **kw):
+        out = real_score(ids, **kw).clone()
         out[0, -1, :] = -float("inf")
         out[0, -1, 7] = 0.0  # row 0 always guesses EOS
         return out
 
-    dec.draft.forward = forward
+    dec.draft.score = score
     _scripted_verdicts(monkeypatch, [([4, 4], [3, 3])])
     rnd = dec.step()
     assert rnd.committed[0] == [7]

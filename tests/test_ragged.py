@@ -17,10 +17,11 @@ from specdec.core.sampling import SamplingConfig, warp
 from specdec.core.settings import DecodeSettings
 from specdec.core.verify import verify_batch
 from specdec.learn.lab import chi_square
-from specdec.loop import ragged
+from specdec.loop import batched
+from specdec.core.kvcache import CachedLM
 from specdec.loop import schedule as sch
 from specdec.loop.plain import plain_decode
-from specdec.loop.ragged import RaggedBatchDecoder, batch_decode, ragged_batch_decode
+from specdec.loop.batched import BatchDecoder, batch_decode, ragged_batch_decode
 
 # Different lengths on purpose: rows start at different positions and the short ones are padded.
 PROMPTS = ["def fibonacci(n):", "Hi", "The quick brown fox jumps over the lazy dog", "x = 1\ny"]
@@ -67,7 +68,7 @@ def test_caches_hold_each_rows_text(no_eos):
     """After rejections (holes) and compaction, both caches give every row the logits of a fresh forward on its text."""
     s = DecodeSettings(gamma=5, max_new_tokens=60, sampling=SamplingConfig(temperature=1.0), seed=4)
     for compact_at in (1.0, 0.0):
-        dec = RaggedBatchDecoder(no_eos, PROMPTS, s, compact_at=compact_at)
+        dec = BatchDecoder(no_eos, PROMPTS, s, compact_at=compact_at)
         for _ in range(6):
             dec.step()
         assert len({len(o) for o in dec.out}) > 1  # rows at different lengths
@@ -79,7 +80,7 @@ def test_caches_hold_each_rows_text(no_eos):
             assert lm.counts(len(PROMPTS)) == [len(dec.text(b)) - len(lm_lack) for b, lm_lack in
                                                enumerate(_lacking(dec, lm))]
             ids, valid = dec._catch_up(lm)
-            cont = lm.forward(ids, valid, 1)[:, -1]
+            cont = lm.score(ids, pad=~valid, n_logits=1)[:, -1]
             for b in range(len(PROMPTS)):
                 with torch.inference_mode():
                     fresh = model(input_ids=torch.tensor([dec.text(b)])).logits[0, -1, : no_eos.vocab_size]
@@ -111,7 +112,7 @@ def test_gamma_schedule_follows_active_rows(tiny_pair):
 
 def test_entry_point_selects_the_loop(tiny_pair):
     s = DecodeSettings(gamma=3, max_new_tokens=12)
-    out = {k: batch_decode(tiny_pair, PROMPTS[:3], s, schedule=k) for k in ragged.SCHEDULES}
+    out = {k: batch_decode(tiny_pair, PROMPTS[:3], s, schedule=k) for k in batched.SCHEDULES}
     assert out["ragged"].ids == out["lockstep"].ids == out["plain"].ids
     assert all(r.thrown == 0 for r in out["ragged"].rounds) and out["plain"].gamma == 0
     with pytest.raises(InvalidInputError, match="unknown batch schedule"):
@@ -119,8 +120,8 @@ def test_entry_point_selects_the_loop(tiny_pair):
     with pytest.raises(InvalidInputError, match="fixed gamma"):
         batch_decode(tiny_pair, ["a"], s, schedule="lockstep", gamma_for=lambda n: 2)
     with pytest.raises(InvalidInputError, match="list of prompts"):
-        RaggedBatchDecoder(tiny_pair, "one string")
-    dec = RaggedBatchDecoder(tiny_pair, ["a"], DecodeSettings(max_new_tokens=1))
+        BatchDecoder(tiny_pair, "one string")
+    dec = BatchDecoder(tiny_pair, ["a"], DecodeSettings(max_new_tokens=1))
     dec.run()
     with pytest.raises(InvalidInputError, match="finished"):
         dec.step()
@@ -195,15 +196,13 @@ def test_chi_square_per_row_under_the_other_rules(no_eos, one_thread, verify, mo
         seen.add(mode)
         return verify_batch(*a, mode=mode, **kw)
 
-    monkeypatch.setattr(ragged, "verify_batch", spy)
+    monkeypatch.setattr(batched, "verify_batch", spy)
     for prompt, pvs in zip(CHI_PROMPTS, _chi_pvalues(no_eos, runs=60, verify=verify)):
         assert min(pvs) > 1e-3, (prompt, verify, pvs)
     assert seen == {verify}
 
 
 def test_lockstep_rows_are_judged_by_the_settings_rule(tiny_pair, monkeypatch):
-    import specdec.loop.batched as batched
-
     seen = set()
 
     def spy(*a, mode="pq", **kw):
@@ -223,7 +222,7 @@ def test_chi_square_catches_a_row_verified_against_another_rows_p(no_eos, monkey
     def crossed(draft_tokens, draft_probs, target_probs, *a, **kw):
         return verify_batch(draft_tokens, draft_probs, target_probs.roll(1, dims=0), *a, **kw)
 
-    monkeypatch.setattr(ragged, "verify_batch", crossed)
+    monkeypatch.setattr(batched, "verify_batch", crossed)
     firsts = [pvs[0] for pvs in _chi_pvalues(no_eos, runs=40)]
     assert min(firsts) < 1e-6, firsts
 
@@ -232,7 +231,7 @@ def test_chi_square_catches_a_row_verified_against_another_rows_p(no_eos, monkey
 def test_chi_square_catches_a_mask_that_shows_discarded_guesses(no_eos, monkeypatch, one_thread):
     """Planted bug: rejected guesses stay visible in both caches (never made holes). The first token is still
     right (nothing was discarded before it); the later tokens must be rejected."""
-    monkeypatch.setattr(ragged.RaggedLM, "drop", lambda self, row, columns: None)
+    monkeypatch.setattr(CachedLM, "drop", lambda self, row, slots: None)
     later = [min(pvs[1:]) for pvs in _chi_pvalues(no_eos, runs=40)]
     assert min(later) < 1e-6, later
 

@@ -21,9 +21,9 @@ and the predicted speedup is their ratio (specdec.core.speedup), compared with t
 The fits extend past the largest measured B to name a predicted crossover that the sweep did not reach.
 
 Loops side by side (`loops`, `--loops`): beside plain batched decoding, one run measures any of
-- lockstep: specdec.loop.batched, every row commits the batch's smallest accepted count + 1 (the `spec_*` figures
+- lockstep: specdec.loop.batched under commit="lockstep", every row commits the batch's smallest accepted count + 1 (the `spec_*` figures
   and the prediction above are this loop's, or the ragged loop's when lockstep is left out);
-- ragged: specdec.loop.ragged, every row commits its own accepted count + 1, fixed γ;
+- ragged: the same loop under commit="ragged", every row commits its own accepted count + 1, fixed γ;
 - scheduled: the ragged loop with γ per number of active rows from `specdec.loop.schedule` (γ = 0: speculation off).
   Its table is fixed before the measurement: per mode, α from a short ragged pilot run and the cost of target
   passes over B×k tokens and draft passes over B rows, timed on this machine (`calibrate`).
@@ -52,8 +52,9 @@ from specdec.core.sampling import distribution
 from specdec.core.settings import encode_prompt
 from specdec.core.speedup import lockstep_tokens_per_row, speedup_from_costs
 from specdec.drafters import resolve_draft_vocab
-from specdec.loop.batched import MAX_BATCH, BatchResult, plain_batch_decode, speculative_batch_decode
-from specdec.loop.ragged import RaggedLM, ragged_batch_decode
+from specdec.core.kvcache import CachedLM
+from specdec.loop.batched import (MAX_BATCH, BatchResult, plain_batch_decode, ragged_batch_decode,
+                                  speculative_batch_decode)
 from specdec.loop.schedule import BatchCosts, gamma_for_batch, gamma_table, line_fit, off_from, schedule_fn
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
@@ -172,8 +173,8 @@ def _mode_of(settings: DecodeSettings) -> str:
 def measure_pass_costs(pair, batches: list[int], ks: list[int], cfg, repeats: int = 3,
                        draft_vocab: int | None = None) -> BatchCosts:
     """Median ms of a target pass scoring B rows × k tokens (+ the warp) after the first B prompts of PROMPT_POOL,
-    and of a draft pass over B rows, for every B in batches and k in ks, through the ragged loop's RaggedLM (its
-    masks included). The first pass of each shape is untimed (allocation, kernel choice)."""
+    and of a draft pass over B rows, for every B in batches and k in ks, through the scorer the batched loop runs on
+    (`CachedLM.score` with its padding, masks included). The first pass of each shape is untimed (allocation, kernel choice)."""
     target_pts, draft_pts = [], []
     dev = pair.device
     for b in batches:
@@ -181,21 +182,21 @@ def measure_pass_costs(pair, batches: list[int], ks: list[int], cfg, repeats: in
         w = max(len(x) for x in ids)
         block = torch.tensor([[0] * (w - len(x)) + x for x in ids], device=dev)
         valid = torch.tensor([[False] * (w - len(x)) + [True] * len(x) for x in ids], device=dev)
-        lms = (RaggedLM(pair.target, pair.vocab_size),
-               RaggedLM(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, draft_vocab), pair.eos_token_ids))
+        lms = (CachedLM(pair.target, pair.vocab_size),
+               CachedLM(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, draft_vocab), pair.eos_token_ids))
         for lm in lms:
-            lm.forward(block, valid, 1)
+            lm.score(block, pad=~valid, n_logits=1)
         target, draft = lms
 
         def timed(lm, k, b=b, block=block):
             fed, ok = block[:, -1:].expand(b, k), torch.ones(b, k, dtype=torch.bool, device=dev)  # values: no matter
-            lm.forward(fed, ok, k)  # warm this shape
+            lm.score(fed, pad=~ok, n_logits=k)  # warm this shape
             lm.valid[:, -k:] = False
             lm.trim()
             times = []
             for _ in range(repeats):
                 clock = Stopwatch(dev)
-                distribution(lm.forward(fed, ok, k), cfg)
+                distribution(lm.score(fed, pad=~ok, n_logits=k), cfg)
                 times.append(clock.lap())
                 lm.valid[:, -k:] = False
                 lm.trim()

@@ -1,37 +1,42 @@
-"""Batched speculative decoding: B prompts decoded together, and the plain batched baseline with the same padding.
+"""Batched speculative decoding: B prompts decoded together on the one scorer, under one of two commit rules.
 
-Design (lockstep rows, rectangular caches):
+Every row is its own text in ONE KV cache per model (`core.kvcache.CachedLM`, the scorer every loop calls): beside
+the cache, `valid` [B, T] says which cached slots hold the row's committed text (in order) and which are holes (a
+row's left padding, guesses it discarded, slots fed while it was stopped). A pass feeds a block [B, n] with its
+own padding (`CachedLM.score(ids, pad=...)`); position ids count a row's text slots, so a row sees the positions
+it would see alone, and the additive mask (`visibility_mask`, n x (T + n) in the model's dtype) lets a query see
+its row's text and the fed tokens up to itself, never a hole.
 
-- Prompts are left-padded to one length; an attention mask marks the pads and position ids count only real
-  tokens (cumsum of the mask - 1), as transformers' own `generate` does for left padding. Each model keeps ONE
-  DynamicCache of shape [B, heads, T, dim] for all rows.
-- A round makes one draft forward pass per draft step for all rows (the first one also feeds whatever committed
-  tokens the draft cache lacks), then ONE target forward pass over the last committed token plus the γ guesses of
-  every row (B×(γ+1) tokens). The acceptance rule is applied per row by `specdec.core.verify.verify_batch`, the only
-  implementation of the rule in the project; q is exactly the warped draft distribution each guess was sampled
-  from and p gets the same warp.
-- Rows keep different numbers of guesses. Every active row then commits k = m + 1 tokens, where m is the smallest
-  accepted count over the active rows whose round output does not end the text: row b emits the first k tokens of
-  its own round output (its accepted guesses plus its own repair/bonus token when it is a slowest row, else k
-  accepted guesses), cut after its EOS. A row whose output (accepted guesses + repair/bonus) holds an EOS ends
-  this round whatever k is, so it does not hold the others back. Each row's emitted stream is still an exact
-  sample of the target: the row commits position i iff no EOS came before i, its round reached i (guesses 0..i-1
-  accepted) and i < k of the OTHER rows -- never a function of the token values still to come. So the cut is a
-  stopping time and the stream follows p token by token.
-- Because every row advances by the same count, both caches stay rectangular and are cut back together with
-  `DynamicCache.crop` (no ragged caches, no per-row bookkeeping on the models).
-- The cost of this design: tokens that batch-1 decoding would have emitted but lockstep throws away, i.e.
-  Σ over active rows of what it could have committed alone minus what it committed (`BatchRound.thrown`). A batch moves at the pace
-  of its least-accepted row, and with more rows the minimum shrinks (about 1 + Σ_k α^(kB) tokens per row per
-  round for i.i.d. acceptances α).
-- A row that reaches EOS or the token budget stops emitting; it keeps riding along as padding (mask 0, output
-  ignored, excluded from the minimum) so the tensors stay rectangular.
+A round: the draft's first pass feeds, per row, whatever committed tokens its draft cache lacks (right-aligned in
+one block), then one pass per further guess over all rows; one target pass scores, per row, its pending committed
+token(s) plus its γ guesses; `core.verify.verify_batch` -- the one implementation of the rule -- gives each row
+its accepted count and next token. Then the commit rule:
 
-Timing is synchronized on CUDA (`torch.cuda.synchronize`) so per-pass costs are real on GPUs as well.
+- **ragged** (`commit="ragged"`): row b commits its own d[:n_b] + [y_b], cut by the stop rule, as a server
+  batching requests does; rows sit at different lengths.
+- **lockstep** (`commit="lockstep"`): every active row commits the first k = m + 1 tokens of its own round output,
+  m the smallest accepted count over the active rows whose output holds no EOS (a row that ends this round does not
+  hold the others back). Each row's stream is still an exact sample of the target: the row commits position i iff
+  no EOS came before i, its round reached i (guesses 0..i-1 accepted) and i < k of the OTHER rows -- never a
+  function of the token values still to come, so the cut is a stopping time. Its cost is `BatchRound.thrown`:
+  tokens batch-1 decoding would have emitted (about 1 + Σ_k α^(kB) tokens per row per round for i.i.d. α).
+
+Either way the target slots of each row's rejected or cut guesses (and the draft slots of guesses it did not keep)
+become holes; trailing all-hole slots are cropped, and once compaction would free more than `compact_at` of a
+cache, each layer's keys and values are gathered so every row's text is right-aligned again. A row that ends
+(EOS or its budget) rides along as padding, seen by no other row. γ can change per round (`gamma_for(active
+rows)`, e.g. `specdec.loop.schedule`; ragged only), γ = 0 being a plain batched step: `plain_batch_decode` is the
+same loop with γ = 0 every round, the baseline both are measured against.
+
+Every row is an exact sample of its target: a row's round is batch-1 speculative decoding on its own text (q is
+exactly the distribution its guess was drawn from, p gets the same warp), and γ is fixed before a round's draws.
+`batch_decode(..., schedule="ragged" | "lockstep" | "plain")` is the one entry point. Timing is synchronized on
+CUDA so per-pass costs are real on GPUs as well.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -39,8 +44,8 @@ import torch
 from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
 from specdec.core.events import Totals, draft_fates
-from specdec.core.kvcache import ReducedHead, check_rollback, rollback_cache
-from specdec.core.sampling import distribution, draw, make_generator, stack_rows
+from specdec.core.kvcache import CachedLM
+from specdec.core.sampling import distribution, make_generator, stack_rows
 from specdec.core.settings import DecodeSettings, encode_prompt
 from specdec.core.stop import StopReason, cut_at_stop
 from specdec.core.verify import verify_batch
@@ -49,6 +54,18 @@ from specdec.drafters.model import draft_chain
 from specdec.models.pair import ModelPair
 
 MAX_BATCH = 16
+SCHEDULES = ("lockstep", "ragged", "plain")
+COMMITS = ("ragged", "lockstep")
+
+# Compact a cache once compaction would free more than this share of its columns. Measured on the tiny pair (one
+# thread, 2 shared and loaded cores, B = 8, γ = 6, T = 1, median of interleaved runs): with long prompts of
+# different lengths (96 new tokens) never / 0.5 / 0.25 / every round took 642 / 601 / 555 / 621 ms per run; with
+# short prompts (200 new tokens) 912 / 989 / 840 / 1247 ms. A compaction (one gather per layer) cost 0.3-1.0 ms
+# against 2.3 ms for one target pass: compacting every round costs more than the narrower cache saves, a quarter
+# of the cache freed pays.
+COMPACT_AT = 0.25
+
+
 
 
 def encode_batch(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
@@ -71,68 +88,28 @@ def encode_batch(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
     return out
 
 
-class BatchLM:
-    """A causal LM over B left-padded rows with one rectangular KV cache.
-
-    `head_vocab` > 0 gives the draft the same `ReducedHead` as batch-1 decoding (ids below it, EOS and every token
-    of any row's text); q is then exactly the distribution over that subset that the draft samples from.
-    """
-
-    def __init__(self, model: torch.nn.Module, vocab_size: int, head_vocab: int = 0, always_keep: tuple[int, ...] = ()):
-        self.model = model
-        self.vocab_size = vocab_size
-        check_rollback(model.config)
-        self.cache = rollback_cache()  # rows are cropped back after every round (kvcache.rollback_cache)
-        self.length = 0  # columns held in the cache (the same for every row)
-        self.head = ReducedHead(model, vocab_size, head_vocab, always_keep)
-
-    def keep_in_head(self, ids) -> None:
-        self.head.keep(ids)
-
-    def crop(self, n: int) -> None:
-        """Keep the first n cached columns of every row."""
-        if n < self.length:
-            self.cache.crop(n - self.length)  # transformers 5: a negative count of columns to drop
-            self.length = n
-
-    @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, n_logits: int) -> torch.Tensor:
-        """Feed ids [B, n] whose full attention mask (cached columns + these) is mask [B, length + n]; return
-        logits [B, n_logits, V] for the last n_logits fed columns."""
-        n = ids.shape[1]
-        if mask.shape[1] != self.length + n:
-            raise ValueError(f"mask covers {mask.shape[1]} columns, cache {self.length} + fed {n}")
-        # Positions count real tokens only, so a left-padded row sees the same positions as it would alone.
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)[:, -n:]
-        if not self.head.cut:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True,
-                             logits_to_keep=n_logits)
-            self.length += n
-            return out.logits[:, -n_logits:, : self.vocab_size]
-        hidden = self.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache,
-                                       use_cache=True).last_hidden_state[:, -n_logits:]
-        self.length += n
-        return self.head.project(hidden)
-
 
 @dataclass
 class BatchRound:
-    """One lockstep round (speculative) or one step (plain) of a batch. Per-row lists have B entries."""
+    """One round of a batch (γ = 0: a plain step). Per-row lists have B entries."""
 
     index: int
     gamma: int  # draft tokens per row this round (0 for a plain step)
     active: list[bool]  # rows still emitting when the round started
     n_accepted: list[int | None]  # guesses the rule accepted per row (None: inactive row, or a plain step)
-    slowest: int  # m: the smallest accepted count over the active rows that go on (every such row commits m + 1)
+    slowest: int  # m: the smallest accepted count over the active rows that go on (lockstep: each commits m + 1)
     committed: list[list[int]]  # tokens each row emitted this round (empty once a row has stopped)
     pieces: list[list[str]]  # the same tokens as text
     own: list[bool]  # the row's last emitted token is its own repair/bonus (a slowest row), not an accepted guess
-    held: list[int]  # per row: tokens of its own round output it could not emit (the lockstep cut)
+    held: list[int]  # per row: tokens of its own round output it could not emit (the lockstep cut; ragged: 0)
     thrown: int  # sum of held: tokens batch-1 would have emitted but lockstep threw away
     draft_ms: float = 0.0
     verify_ms: float = 0.0  # target pass (plain: the whole step)
     round_ms: float = 0.0
     elapsed_ms: float = 0.0  # since the batch started, at the end of this round
+    lengths: list[int] = field(default_factory=list)  # tokens each row has emitted after this round
+    cache_width: int = 0  # target cache slots after the round
+    holes: float = 0.0  # share of them that hold no row's text
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -211,68 +188,6 @@ def _median(xs: list[float]) -> float | None:
     return xs[len(xs) // 2] if xs else None
 
 
-class _Rows:
-    """The committed text of B left-padded rows as one rectangular tensor plus its attention mask; who is active."""
-
-    def __init__(self, pair: ModelPair, prompt_ids: list[list[int]], max_new_tokens: int):
-        self.pair = pair
-        self.prompt_ids = prompt_ids
-        self.max_new = max_new_tokens
-        tok = pair.tokenizer
-        self.pad = int(tok.pad_token_id if tok.pad_token_id is not None else (pair.eos_token_ids or (0,))[0])
-        width = max(len(p) for p in prompt_ids)
-        dev = pair.device
-        self.tokens = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompt_ids], device=dev)
-        self.mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=dev)
-        b = len(prompt_ids)
-        self.out: list[list[int]] = [[] for _ in range(b)]
-        self.active = [True] * b
-        self.stop: list[StopReason | None] = [None] * b
-        self.finish_ms: list[float | None] = [None] * b
-
-    @property
-    def width(self) -> int:
-        return self.tokens.shape[1]
-
-    @property
-    def done(self) -> bool:
-        return not any(self.active)
-
-    @property
-    def remaining(self) -> int:
-        """Tokens left in the budget; every active row has emitted the same count (lockstep)."""
-        return self.max_new - max(len(o) for o, a in zip(self.out, self.active) if a)
-
-    def active_col(self) -> torch.Tensor:
-        """Mask column for fed guesses: 1 for active rows, 0 for rows riding along as padding."""
-        return torch.tensor(self.active, dtype=self.mask.dtype, device=self.mask.device)[:, None]
-
-    def commit(self, chunks: list[list[int]], k: int, now_ms: float) -> list[list[int]]:
-        """Append k columns: row b's chunk cut by the stop rule (EOS, its token budget); pads elsewhere.
-        Returns what each row emitted."""
-        emitted, cols, mcols = [], [], []
-        for b, chunk in enumerate(chunks):
-            got: list[int] = []
-            if self.active[b]:
-                got, self.stop[b] = cut_at_stop(chunk[:k], self.pair.eos_token_ids, self.max_new - len(self.out[b]))
-                self.out[b].extend(got)
-                if self.stop[b] is not None:
-                    self.active[b] = False
-                    self.finish_ms[b] = now_ms
-            emitted.append(got)
-            cols.append(got + [self.pad] * (k - len(got)))
-            mcols.append([1] * len(got) + [0] * (k - len(got)))
-        dev = self.tokens.device
-        self.tokens = torch.cat([self.tokens, torch.tensor(cols, device=dev)], 1)
-        self.mask = torch.cat([self.mask, torch.tensor(mcols, dtype=self.mask.dtype, device=dev)], 1)
-        return emitted
-
-    def result(self, prompts, rounds, gamma) -> BatchResult:
-        tok = self.pair.tokenizer
-        return BatchResult(list(prompts), self.prompt_ids, self.out,
-                           [tok.decode(o, skip_special_tokens=True) for o in self.out], self.stop,
-                           [f if f is not None else 0.0 for f in self.finish_ms], rounds, gamma)
-
 
 def _settings(settings: DecodeSettings) -> DecodeSettings:
     s = settings.validate()
@@ -283,25 +198,58 @@ def _settings(settings: DecodeSettings) -> DecodeSettings:
     return s
 
 
-class BatchedSpeculativeDecoder:
-    """Speculative decoding of B prompts in lockstep (see the module docstring); `step()` runs one round."""
 
-    def __init__(self, pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings()):
+class BatchDecoder:
+    """Speculative decoding of B prompts on the one scorer (`core.kvcache.CachedLM`); `step()` runs one round.
+
+    `commit`: "ragged" (every row commits its own accepted guesses + its repair/bonus) or "lockstep" (every row
+    commits the count of the batch's slowest going-on row; module docstring). `gamma_for(active rows) -> γ` sets the
+    draft length per round (None: settings.gamma every round; ragged only); γ = 0 is a plain batched step.
+    `compact_at`: compact a cache once that would free more than this share of its slots (1.0: never, 0.0:
+    whenever anything can be freed).
+    """
+
+    def __init__(self, pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(),
+                 gamma_for: Callable[[int], int] | None = None, compact_at: float = COMPACT_AT,
+                 commit: str = "ragged"):
+        if commit not in COMMITS:
+            raise InvalidInputError(f"unknown commit rule {commit!r}; choose from {', '.join(COMMITS)}")
+        if commit == "lockstep" and gamma_for is not None:
+            raise InvalidInputError("the lockstep loop uses a fixed gamma; a gamma schedule needs schedule='ragged'")
+        self.commit = commit
         self.settings = s = _settings(settings)
         self.pair = pair
         self.prompts = list(prompts) if isinstance(prompts, (list, tuple)) else prompts
-        self.rows = _Rows(pair, encode_batch(pair.tokenizer, prompts, s.chat), s.max_new_tokens)
+        self.prompt_ids = encode_batch(pair.tokenizer, prompts, s.chat)
+        self.gamma_for = gamma_for
+        self.compact_at = compact_at
+        tok = pair.tokenizer
+        self.pad = int(tok.pad_token_id if tok.pad_token_id is not None else (pair.eos_token_ids or (0,))[0])
+        b = len(self.prompt_ids)
+        self.out: list[list[int]] = [[] for _ in range(b)]
+        self.active = [True] * b
+        self.stop: list[StopReason | None] = [None] * b
+        self.finish_ms: list[float | None] = [None] * b
         self.gen = make_generator(pair.device, s.seed)
-        self.target = BatchLM(pair.target, pair.vocab_size)
-        self.draft = BatchLM(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, s.draft_vocab), pair.eos_token_ids)
-        for p in self.rows.prompt_ids:
+        self.target = CachedLM(pair.target, pair.vocab_size)
+        self.draft = CachedLM(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, s.draft_vocab),
+                              pair.eos_token_ids)
+        for p in self.prompt_ids:
             self.draft.keep_in_head(p)
         self.rounds: list[BatchRound] = []
         self._t0: float | None = None
+        self.max_gamma = 0
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompt_ids)
 
     @property
     def done(self) -> bool:
-        return self.rows.done
+        return not any(self.active)
+
+    def text(self, b: int) -> list[int]:
+        return self.prompt_ids[b] + self.out[b]
 
     def run(self) -> BatchResult:
         while not self.done:
@@ -309,66 +257,117 @@ class BatchedSpeculativeDecoder:
         return self.result()
 
     def result(self) -> BatchResult:
-        return self.rows.result(self.prompts, self.rounds, self.settings.gamma)
+        tok = self.pair.tokenizer
+        gamma = self.settings.gamma if self.gamma_for is None else self.max_gamma
+        return BatchResult(list(self.prompts), self.prompt_ids, self.out,
+                           [tok.decode(o, skip_special_tokens=True) for o in self.out], self.stop,
+                           [f if f is not None else 0.0 for f in self.finish_ms], self.rounds, gamma)
+
+    def _gamma(self) -> int:
+        n_active = sum(self.active)
+        g = self.settings.gamma if self.gamma_for is None else int(self.gamma_for(n_active))
+        left = max(self.settings.max_new_tokens - len(o) for o, a in zip(self.out, self.active) if a)
+        return max(0, min(g, left - 1))  # guesses past every row's budget would be wasted work
+
+    def _catch_up(self, lm: CachedLM) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block of committed tokens each active row's cache lacks, right-aligned: ids and validity [B, w]."""
+        have = lm.counts(self.batch)
+        lack = [self.text(b)[have[b]:] if a else [] for b, a in enumerate(self.active)]
+        w = max(1, max(len(x) for x in lack))
+        ids = [[self.pad] * (w - len(x)) + x for x in lack]
+        valid = [[False] * (w - len(x)) + [True] * len(x) for x in lack]
+        dev = self.pair.device
+        return torch.tensor(ids, device=dev), torch.tensor(valid, device=dev)
+
+    def _lockstep_cut(self, outputs: list[list[int]], n_acc: list[int], active: list[bool]) -> tuple[int, int]:
+        """The lockstep commit rule: (k, m), every active row committing the first k = m + 1 tokens of its round
+        output, m the smallest accepted count over the active rows whose output holds no EOS (a row that ends this
+        round does not hold the others back; when every row ends, the longest output sets k)."""
+        eos = self.pair.eos_token_ids
+        going_on = [n for n, o, a in zip(n_acc, outputs, active) if a and cut_at_stop(o, eos)[1] is None]
+        m = min(going_on) if going_on else max(len(cut_at_stop(o, eos)[0]) for o, a in zip(outputs, active) if a) - 1
+        left = min(self.settings.max_new_tokens - len(o) for o, a in zip(self.out, active) if a)
+        return min(m + 1, left), m
 
     @torch.inference_mode()
     def step(self) -> BatchRound:
         if self.done:
             raise InvalidInputError("the batch has finished; start a new run")
-        rows, cfg = self.rows, self.settings.sampling
-        remaining = rows.remaining
-        gamma = max(1, min(self.settings.gamma, remaining - 1))  # guesses past the budget would be wasted work
-        width = rows.width
-        act = rows.active_col()
-        was_active = list(rows.active)
+        cfg = self.settings.sampling
+        gamma = self._gamma()
+        self.max_gamma = max(self.max_gamma, gamma)
+        was_active = list(self.active)
+        act = torch.tensor(was_active, device=self.pair.device)[:, None]
         clock = Stopwatch(self.pair.device)
         self._t0 = self._t0 or clock.start
+        b_rows = self.batch
 
-        # Draft: the first pass feeds the committed columns the draft cache lacks (the prompts in round one, two
-        # columns after an all-accepted round); each later pass feeds the previous guess of every row.
-        mask = rows.mask
-
-        def feed(prev: torch.Tensor) -> torch.Tensor:
-            nonlocal mask
-            mask = torch.cat([mask, act], 1)
-            return self.draft.forward(prev[:, None], mask, 1)[:, -1]
-
-        guesses, qs = draft_chain(self.draft.forward(rows.tokens[:, self.draft.length :], mask, 1)[:, -1], feed,
-                                  gamma, cfg, self.gen)  # each q [B, V]: exactly what its guesses were drawn from
-        draft_tokens, q = torch.stack(guesses, 1), stack_rows(qs, 1)  # [B, g], [B, g, V]
+        # Draft: the first pass feeds what each row's draft cache lacks; each later pass the previous guesses.
+        draft_start = self.draft.width
+        if gamma:
+            ids, valid = self._catch_up(self.draft)
+            guess_start = self.draft.width + ids.shape[1]  # where the fed guesses g_1..g_{γ-1} land
+            guesses, qs = draft_chain(self.draft.score(ids, pad=~valid, n_logits=1)[:, -1],
+                                      lambda prev: self.draft.score(prev[:, None], pad=~act, n_logits=1)[:, -1],
+                                      gamma, cfg, self.gen)
+            draft_tokens, q = torch.stack(guesses, 1), stack_rows(qs, 1)  # [B, γ], [B, γ, V]
+        else:
+            guess_start = draft_start
+            draft_tokens = torch.zeros(b_rows, 0, dtype=torch.long, device=self.pair.device)
+            q = distribution(torch.zeros(b_rows, 0, self.pair.vocab_size, device=self.pair.device), cfg)
         draft_ms = clock.lap()
 
-        # Verify: one target pass over (last committed column + g guesses) for every row.
-        vmask = torch.cat([rows.mask, act.expand(-1, gamma)], 1)
-        fed = torch.cat([rows.tokens[:, self.target.length :], draft_tokens], 1)
-        p = distribution(self.target.forward(fed, vmask, gamma + 1), cfg)  # [B, g+1, V], same warp as q
+        # Verify: one target pass over every row's pending committed token(s) + its γ guesses.
+        ids, valid = self._catch_up(self.target)
+        verify_start = self.target.width + ids.shape[1]  # column of the first guess
+        fed = torch.cat([ids, draft_tokens], 1)
+        fed_valid = torch.cat([valid, act.expand(-1, gamma)], 1)
+        p = distribution(self.target.score(fed, pad=~fed_valid, n_logits=gamma + 1), cfg)  # [B, γ+1, V], q's warp
         bv = verify_batch(draft_tokens, q, p, self.gen, mode=self.settings.verify)
         n_acc = bv.n_accepted.tolist()
         verify_ms = clock.lap()
 
-        # Row b's round output is its accepted guesses + its repair/bonus token, ended by its own EOS if it has one.
-        outputs = [cut_at_stop(d[:n] + [y], self.pair.eos_token_ids)
-                   for d, n, y in zip(draft_tokens.tolist(), n_acc, bv.next_token.tolist())]
-        going_on = [n for n, (_, why), a in zip(n_acc, outputs, was_active) if a and why is None]
-        m = min(going_on) if going_on else max(len(o) for (o, _), a in zip(outputs, was_active) if a) - 1
-        k = min(m + 1, remaining)  # every row that goes on commits k tokens
-        emitted = rows.commit([o for o, _ in outputs], k, (clock.last - self._t0) * 1e3)
-        held = [min(len(o), remaining) - len(e) if a else 0 for (o, _), e, a in zip(outputs, emitted, was_active)]
-        # Keep what every row still agrees with: all columns but the newest (its last token is not fed yet);
-        # the draft never fed its last guess, so after an all-kept round it lacks one column (caught up next round).
-        # A row that ended this round rides along as padding from now on; its stale columns are never read.
-        self.target.crop(width + k - 1)
-        self.draft.crop(min(width + k - 1, self.draft.length))
-        for e in emitted:
-            self.draft.keep_in_head(e)
+        now_ms = (clock.last - self._t0) * 1e3
+        emitted: list[list[int]] = []
+        d_list, y_list = draft_tokens.tolist(), bv.next_token.tolist()
+        outputs = [d[:n] + [y] for d, n, y in zip(d_list, n_acc, y_list)]  # each row's own round output
+        k, slowest = self._lockstep_cut(outputs, n_acc, was_active) if self.commit == "lockstep" else (None, None)
+        held = [0] * b_rows
+        for b in range(b_rows):
+            got: list[int] = []
+            if was_active[b]:
+                budget = self.settings.max_new_tokens - len(self.out[b])
+                got, self.stop[b] = cut_at_stop(outputs[b][:k], self.pair.eos_token_ids, budget)
+                if k is not None:  # what the row would have emitted alone, less what the cut let through
+                    held[b] = min(len(cut_at_stop(outputs[b], self.pair.eos_token_ids)[0]), budget) - len(got)
+                self.out[b].extend(got)
+                self.draft.keep_in_head(got)
+                if self.stop[b] is not None:
+                    self.active[b] = False
+                    self.finish_ms[b] = now_ms
+            emitted.append(got)
+            if not self.active[b]:  # ended now or earlier: its columns are holes from here on
+                self.target.finish_row(b)
+                self.draft.finish_row(b)
+                continue
+            # The row's text now ends with `got`; its last token is pending (fed next round). Guesses beyond the
+            # ones it committed become holes: in the target all γ guess columns were fed, in the draft γ - 1.
+            kept = len(got) - 1
+            self.target.drop(b, range(verify_start + kept, verify_start + gamma))
+            if gamma:
+                self.draft.drop(b, range(guess_start + kept, guess_start + gamma - 1))
+        for lm in (self.target, self.draft):
+            lm.trim()
+            if lm.reclaimable > self.compact_at:
+                lm.compact()
 
         tok = self.pair.tokenizer
         rnd = BatchRound(
             index=len(self.rounds),
             gamma=gamma,
             active=was_active,
-            n_accepted=[n if a else None for n, a in zip(n_acc, was_active)],
-            slowest=m,
+            n_accepted=[n if a and gamma else (0 if a else None) for n, a in zip(n_acc, was_active)],
+            slowest=slowest if slowest is not None else min((n for n, a in zip(n_acc, was_active) if a), default=0),
             committed=emitted,
             pieces=[tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
             own=[a and len(e) == n + 1 for n, a, e in zip(n_acc, was_active, emitted)],
@@ -376,6 +375,9 @@ class BatchedSpeculativeDecoder:
             thrown=sum(held),
             draft_ms=draft_ms,
             verify_ms=verify_ms,
+            lengths=[len(o) for o in self.out],
+            cache_width=self.target.width,
+            holes=self.target.holes,
         )
         rnd.round_ms = clock.total()
         rnd.elapsed_ms = (clock.start - self._t0) * 1e3 + rnd.round_ms
@@ -383,39 +385,43 @@ class BatchedSpeculativeDecoder:
         return rnd
 
 
-@torch.inference_mode()
-def plain_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(),
-                       on_step=None) -> BatchResult:
-    """Target-only decoding of B prompts with the same left padding, masks, warps and caching, one token per row per
-    step: the baseline the batched speculative loop is measured against. `on_step(BatchRound)` is called per step."""
-    s = _settings(settings)
-    rows = _Rows(pair, encode_batch(pair.tokenizer, prompts, s.chat), s.max_new_tokens)
-    lm = BatchLM(pair.target, pair.vocab_size)
-    gen = make_generator(pair.device, s.seed)
-    tok = pair.tokenizer
-    rounds: list[BatchRound] = []
-    clock = Stopwatch(pair.device)
-    while not rows.done:
-        was_active = list(rows.active)
-        y = draw(lm.forward(rows.tokens[:, lm.length :], rows.mask, 1)[:, -1], s.sampling, gen)[0].tolist()
-        step_ms = clock.lap()
-        elapsed_ms = (clock.last - clock.start) * 1e3
-        emitted = rows.commit([[t] for t in y], 1, elapsed_ms)
-        rnd = BatchRound(len(rounds), 0, was_active, [None] * len(y), 0, emitted,
-                         [tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
-                         [bool(e) for e in emitted], [0] * len(y), 0, 0.0, step_ms, step_ms, elapsed_ms)
-        rounds.append(rnd)
-        if on_step is not None:
-            on_step(rnd)
-    return rows.result(prompts, rounds, 0)
+def ragged_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(), on_round=None,
+                        gamma_for: Callable[[int], int] | None = None, compact_at: float = COMPACT_AT) -> BatchResult:
+    """Run the loop to the end, every row committing its own count; `on_round(BatchRound)` after each round."""
+    return _run(BatchDecoder(pair, prompts, settings, gamma_for, compact_at), on_round)
 
 
 def speculative_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(),
                              on_round=None) -> BatchResult:
-    """Run the batched speculative loop to the end; `on_round(BatchRound)` is called after each round."""
-    dec = BatchedSpeculativeDecoder(pair, prompts, settings)
+    """Run the loop to the end in lockstep (every row commits the slowest going-on row's count)."""
+    return _run(BatchDecoder(pair, prompts, settings, commit="lockstep"), on_round)
+
+
+def plain_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(),
+                       on_step=None) -> BatchResult:
+    """Target-only decoding of B prompts: the same loop, padding, masks, warps and caches with γ = 0 every round
+    (one token per row per step), the baseline the speculative rules are measured against."""
+    return _run(BatchDecoder(pair, prompts, settings, gamma_for=lambda active: 0), on_step)
+
+
+def _run(dec: BatchDecoder, on_round) -> BatchResult:
     while not dec.done:
         rnd = dec.step()
         if on_round is not None:
             on_round(rnd)
     return dec.result()
+
+
+def batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(), schedule: str = "ragged",
+                 on_round=None, gamma_for: Callable[[int], int] | None = None) -> BatchResult:
+    """The batched loop behind one parameter: "ragged" (every row keeps its own accepted count), "lockstep" (every
+    row commits the batch's smallest accepted count + 1; `gamma_for` is not used) or "plain" (target only)."""
+    if schedule == "ragged":
+        return ragged_batch_decode(pair, prompts, settings, on_round, gamma_for)
+    if schedule == "lockstep":
+        if gamma_for is not None:
+            raise InvalidInputError("the lockstep loop uses a fixed gamma; a gamma schedule needs schedule='ragged'")
+        return speculative_batch_decode(pair, prompts, settings, on_round)
+    if schedule == "plain":
+        return plain_batch_decode(pair, prompts, settings, on_round)
+    raise InvalidInputError(f"unknown batch schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")

@@ -3,7 +3,7 @@
 Pure functions over measured pass costs; nothing here runs a model. The cost model is the one of
 specdec.core.speedup (a round is γ draft passes plus one target pass over γ + 1 tokens per row, compared with one
 plain step) with measured batch costs, for a loop where every row keeps its own kept count (the ragged loop,
-specdec.loop.ragged):
+specdec.loop.batched under its ragged commit rule):
 
     batch_speedup(B, γ) = E[tokens per round](α, γ) · target(B) / (γ · draft(B) + target(B · (γ + 1)))
 
