@@ -102,7 +102,8 @@ def test_custom_pair_is_validated_before_load_pair(pg, monkeypatch):
     out = last(guarded(pg.generate)(None, *controls(pair="tiny", target="  org/big-model ", draft="org/small")))
     assert calls == [("org/big-model", "org/small", pg.loader.max_params, True)]  # ids stripped
     assert "too large for this shared machine" in out[STATUS]
-    assert loads == []  # nothing was loaded after the refusal
+    # nothing of the refused pair was loaded (the fixture's startup pair may still be loading in the background)
+    assert not [x for x in loads if x[1:] != (None, None)], loads
 
 
 def test_typed_id_next_to_a_builtin_model_is_size_checked(pg, monkeypatch):

@@ -55,7 +55,7 @@ def test_round_trip_restores_every_round(run, trace_dict):
     assert all(isinstance(r, Round) for r in tr.rounds)
     assert tr.text == run.text and tr.prompt == PROMPT and tr.prompt_ids == run.prompt_ids
     assert tr.generated_ids == run.generated_ids
-    assert tr.pair == PairInfo.of(run.pair)
+    assert tr.pair == run.pair.info()
     assert tr.settings == SETTINGS and tr.costs == StepCosts(80.0, 20.0)
     assert json.loads(text)["version"] == VERSION and json.loads(text)["schema"] == SCHEMA
     assert dumps_trace(tr) == text  # a loaded trace exports to the same bytes

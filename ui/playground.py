@@ -79,7 +79,7 @@ class Playground:
         if job.state == "loading":
             return render_model_status("loading", f"Loading {job.request.label}… {job.message} "
                                                    f"({time.time() - job.started:.0f} s)", fraction=job.fraction)
-        info = PairInfo.of(job.pair)
+        info = job.pair.info()
         details = {"target": info.target, "draft": info.draft, "device": info.device, "dtype": info.dtype}
         if info.draft_quant:
             details["draft weights"] = info.draft_quant
@@ -210,7 +210,7 @@ class Playground:
         # The tokenizer is all this needs, so a bad prompt fails here without asking for a GPU.
         prompt_ids = encode_prompt(pair.tokenizer, controls.prompt, settings.chat)
         history = session.earlier_texts()
-        session.start(None, job, RunRecord(controls.prompt, prompt_ids, settings, PairInfo.of(pair), costs=job.costs))
+        session.start(None, job, RunRecord(controls.prompt, prompt_ids, settings, pair.info(), costs=job.costs))
         events = gpu_run.decode_rounds(req.name, req.target, req.draft, self.loader.dtype, self.loader.device,
                                        controls.prompt, settings, job.costs is None, history)
         return session.worker_rounds(run, events)

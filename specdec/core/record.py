@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
-
 from specdec.core.events import Round
 from specdec.core.metrics import RunMetrics, StepCosts, summarize
 from specdec.core.settings import DecodeSettings
 
-if TYPE_CHECKING:
-    from specdec.loop.decoder import SpeculativeDecoder
-    from specdec.models.pair import ModelPair
 
 
 @dataclass(frozen=True)
@@ -33,12 +28,6 @@ class PairInfo:
     draft_quant: str = ""  # the draft's weight quantization ("int8", "int4", "int4-all"); "": none
     engine: str = "eager"  # how chain passes ran (specdec.core.static_cache.ENGINES)
     prepacked: bool = False  # the linear layers ran on prepacked CPU kernels (specdec.models.prepack)
-
-    @classmethod
-    def of(cls, pair: "ModelPair") -> "PairInfo":
-        return cls(pair.name, pair.target_id, pair.draft_id, str(pair.device),
-                   str(pair.dtype).replace("torch.", ""), pair.vocab_size, getattr(pair, "draft_quant", ""),
-                   getattr(pair, "engine", "eager"), bool(getattr(pair, "prepacked", False)))
 
     @property
     def label(self) -> str:
@@ -65,12 +54,6 @@ class RunRecord:
     baseline_steps: int = 0  # how many plain steps that baseline is the median of (0: a race lane, or none)
     label: str = ""
     created: str = field(default_factory=now_iso)
-
-    @classmethod
-    def from_decoder(cls, dec: "SpeculativeDecoder", costs: StepCosts | None = None, label: str = "") -> "RunRecord":
-        return cls(dec.prompt, list(dec.prompt_ids), dec.settings, PairInfo.of(dec.pair), list(dec.rounds), dec.text,
-                   dec.stop_reason, costs, getattr(dec, "plain_ms_per_token", None),
-                   len(getattr(dec, "plain_step_ms", ())), label=label)
 
     @property
     def metrics(self) -> RunMetrics:

@@ -157,7 +157,9 @@ class SpeculativeDecoder:
 
     def record(self, costs: StepCosts | None = None, label: str = "") -> RunRecord:
         """The run so far as one typed RunRecord (what traces, the playground and the Learn tab consume)."""
-        return RunRecord.from_decoder(self, costs, label)
+        return RunRecord(self.prompt, list(self.prompt_ids), self.settings, self.pair.info(), list(self.rounds),
+                         self.text, self.stop_reason, costs, self.plain_ms_per_token, len(self.plain_step_ms),
+                         label=label)
 
 
 def rerun(record: RunRecord, pair: ModelPair) -> SpeculativeDecoder:

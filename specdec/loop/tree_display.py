@@ -19,7 +19,7 @@ import torch
 
 from specdec.core.events import DraftNote, Round
 from specdec.core.metrics import StepCosts
-from specdec.core.record import PairInfo, RunRecord
+from specdec.core.record import RunRecord
 from specdec.core.sampling import OneHot, Probs, prob_at
 from specdec.core.stop import StopReason
 from specdec.core.tree import ROOT, TokenTree, TreeVerdict
@@ -177,5 +177,5 @@ class TreeRun:
     def record(self, costs: StepCosts | None = None, label: str = "") -> RunRecord:
         dec = self.tree
         text = dec.pair.tokenizer.decode(dec.generated_ids, skip_special_tokens=True)
-        return RunRecord(dec.prompt, list(dec.prompt_ids), dec.settings, PairInfo.of(dec.pair), self.rounds, text,
+        return RunRecord(dec.prompt, list(dec.prompt_ids), dec.settings, dec.pair.info(), self.rounds, text,
                          dec.stop_reason, costs, label=label)

@@ -84,9 +84,15 @@ class ModelPair:
         """Whether the target's linear layers run on prepacked CPU kernels (specdec.models.prepack)."""
         return bool(prepacked(self.target))
 
+    def info(self) -> PairInfo:
+        """What a record says about this pair."""
+        return PairInfo(self.name, self.target_id, self.draft_id, str(self.device),
+                        str(self.dtype).replace("torch.", ""), self.vocab_size, self.draft_quant, self.engine,
+                        self.prepacked)
+
     def describe(self) -> dict:
         """What a record says about this pair (`PairInfo`), as the JSON the bench and the CLI print."""
-        return asdict(PairInfo.of(self))
+        return asdict(self.info())
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
