@@ -1,10 +1,14 @@
-"""The parts of scripts/first_run.py (what a new visitor meets): reading the stats panel and the race summary the
+"""The parts of scripts/first_run.py (what a new visitor meets) and scripts/cli_first_run.py (the command line's first
+run against a warm one): reading the stats panel and the race summary the
 app really renders, and the /generate inputs it sends for the first example."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
+
+import pytest
 
 from components.stats import render_stats
 from specdec.core.settings import DecodeSettings
@@ -73,3 +77,32 @@ def test_the_badge_draws_a_bar_while_loading_only():
 
     assert 'value="40"' in render_model_status("loading", "loading target", fraction=0.4)
     assert "<progress" not in render_model_status("ready", "Model pair: x", {"device": "cpu"}, fraction=1.0)
+
+
+def _cli_first_run():
+    spec = importlib.util.spec_from_file_location("cli_first_run", ROOT / "scripts" / "cli_first_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_cli_check_runs_the_examples_command_and_reads_its_summary():
+    from specdec.cli import build_parser
+    from specdec.prompts import GROUNDED
+
+    cli = _cli_first_run()
+    cmd = cli.command(GROUNDED[0], "tiny", 12)
+    args = build_parser().parse_args(cmd)
+    assert args.compare and args.json and args.chat == bool(GROUNDED[0].get("chat"))
+    assert (args.drafter, args.gamma, args.max_new_tokens) == (GROUNDED[0]["drafter"], GROUNDED[0]["gamma"], 12)
+    out = '{"round": 0}\n{"text": "x", "speedup": 1.5, "speculative_tok_s": 3.0}\n'
+    assert cli.summary_of(out)["speedup"] == 1.5
+    with pytest.raises(ValueError, match="--compare"):
+        cli.summary_of('{"text": "x"}\n')
+
+
+def test_the_cli_check_compares_a_fresh_process_with_a_warm_one_on_the_tiny_pair(tmp_path):
+    out = tmp_path / "cli.json"
+    assert _cli_first_run().main(["--pair", "tiny", "--examples", "1", "--max-new", "6", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["same_text"] and row["fresh_over_warm"] == row["fresh_speedup"] / row["warm_speedup"]
