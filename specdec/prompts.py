@@ -158,3 +158,100 @@ SUITE = {
                                      f"what did it change?\n\n{_HARBOR}"}],
     ],
 }
+
+
+# The suite's test half: prompts no default was tuned on (bench --suite --split test, the default split), written
+# from public task descriptions of the same six kinds: long articles to summarize, several passages to answer from,
+# multi-turn chats whose last turn quotes or reworks an earlier one.
+_GLACIER = (
+    "Mountain glaciers store water as ice in winter and release it as meltwater in summer, which is why the rivers "
+    "that drain them often run highest in July and August, when rain is scarce. Measurements on more than two "
+    "hundred reference glaciers show that most of them have been losing mass every year since the 1980s. The loss "
+    "is not uniform. Glaciers in the Alps and in western North America have thinned fastest, in some years by more "
+    "than a metre of water equivalent across their whole surface, while a few glaciers in the Karakoram held steady "
+    "or even grew for two decades, an exception researchers link to heavier winter snowfall and thick layers of "
+    "rock debris that insulate the ice. As a glacier shrinks, its summer meltwater first increases, because more "
+    "ice is exposed and the melt season is longer. This phase can last decades and gives a misleading impression of "
+    "abundance. Once the glacier has lost enough area, summer flow begins to fall, a turning point hydrologists call "
+    "peak water. Several Andean catchments appear to have passed it already. For towns that rely on glacier-fed "
+    "rivers for drinking water, irrigation or hydropower, the practical question is when the turning point will "
+    "come, and studies now combine satellite surveys of ice volume with river gauges to estimate it for each basin."
+)
+_COOP = (
+    "Minutes of the annual meeting of the Brookside Housing Cooperative. Forty-two of the sixty member households "
+    "attended, which meets the quorum. The treasurer reported that the cooperative ended the year with a surplus of "
+    "18,400 dollars, mainly because the heating bills were lower than budgeted after the boiler was replaced in "
+    "spring. She proposed putting 12,000 dollars into the repair reserve and using the rest to repaint the "
+    "stairwells. Several members asked whether the reserve was large enough for the roof, which the building survey "
+    "says will need replacing within eight years at an estimated cost of 210,000 dollars. The treasurer answered "
+    "that at the current rate the reserve would reach about 150,000 dollars by then, so either the monthly "
+    "contribution must rise or a loan will be needed. After discussion the meeting voted 31 to 9, with two "
+    "abstentions, to raise contributions by 15 dollars a month from January. The meeting also approved the "
+    "proposal for a shared bicycle room in the basement, on condition that the fire inspector agrees, and elected "
+    "two new members to the board. The next general meeting will be held in June."
+)
+_CLINIC = (
+    "[Passage 1] The Harlow Street clinic offers walk-in appointments from 8:00 to 11:00 on weekdays. After 11:00 "
+    "patients are seen by appointment only; appointments can be made by phone or through the clinic's website up to "
+    "four weeks ahead.\n"
+    "[Passage 2] Flu vaccinations are given from October to December. Adults over 65, pregnant patients and people "
+    "with chronic lung or heart conditions are vaccinated free of charge; other adults pay 18 dollars.\n"
+    "[Passage 3] Repeat prescriptions must be requested at least three working days before the medicine runs out. "
+    "Requests can be left in the box at reception or sent through the website; they are not taken by phone.\n"
+    "[Passage 4] The clinic's pharmacy is open until 18:00 on weekdays and until 13:00 on Saturdays. It is closed "
+    "on Sundays.\n"
+    "[Passage 5] Blood tests are taken on Tuesday and Thursday mornings between 8:00 and 10:30. Patients who must "
+    "fast before the test should not eat for ten hours beforehand but may drink water.\n"
+    "[Passage 6] From next month, the clinic will send appointment reminders by text message. Patients who do not "
+    "want them can opt out at reception."
+)
+SUITE_TEST = {
+    "multi-turn": [
+        [{"role": "user", "content": "Write a short email to my landlord saying the kitchen tap has been dripping "
+                                     "for a week and asking when someone can fix it."},
+         {"role": "assistant", "content": "Subject: Dripping kitchen tap\n\nDear Mr. Ortiz,\n\nThe kitchen tap in "
+                                          "flat 4 has been dripping constantly for about a week, and tightening it "
+                                          "has not helped. Could you let me know when someone could come to fix "
+                                          "it? I am at home most evenings after six.\n\nKind regards,\nDana"},
+         {"role": "user", "content": "Good. Rewrite the same email in a firmer tone, because this is the second "
+                                     "time I have asked. Keep the subject line and the details."}],
+        [{"role": "user", "content": "Give me a simple recipe for lentil soup."},
+         {"role": "assistant", "content": "Ingredients: 1 cup red lentils, 1 onion, 2 carrots, 2 cloves garlic, 1 "
+                                          "teaspoon cumin, 5 cups vegetable stock, salt, lemon juice.\nSteps: 1. "
+                                          "Chop the onion, carrots and garlic and soften them in oil for 5 "
+                                          "minutes. 2. Stir in the cumin. 3. Add the rinsed lentils and the stock "
+                                          "and simmer for 25 minutes. 4. Blend half of the soup, season with salt "
+                                          "and a squeeze of lemon."},
+         {"role": "user", "content": "Now write that recipe again for four times as many people, with every "
+                                     "quantity multiplied."}],
+    ],
+    "translation": [
+        [{"role": "user", "content": "Translate into English: «El ayuntamiento ha decidido cerrar el puente viejo "
+                                     "al tráfico durante dos meses para repararlo. Los peatones podrán seguir "
+                                     "cruzándolo por la acera norte.»"}],
+        [{"role": "user", "content": "Translate into French: Please keep your ticket until the end of the "
+                                     "journey, as inspectors may ask to see it at any time."}],
+    ],
+    "summarization": [
+        [{"role": "user", "content": f"Summarize this article in four sentences.\n\n{_GLACIER}"}],
+        [{"role": "user", "content": f"Summarize these meeting minutes as a short list of decisions.\n\n{_COOP}"}],
+    ],
+    "qa": [
+        [{"role": "user", "content": "Why do we see lightning before we hear thunder?"}],
+        [{"role": "user", "content": "What is the difference between a virus and a bacterium?"}],
+    ],
+    "math": [
+        [{"role": "user", "content": "A rectangle is 3 cm longer than it is wide and its perimeter is 34 cm. What "
+                                     "are its sides? Reason step by step."}],
+        [{"role": "user", "content": "A jacket costs 80 dollars. It is reduced by 25 percent, and then the reduced "
+                                     "price is cut by another 10 percent. What is the final price? Show your "
+                                     "working."}],
+    ],
+    "rag": [
+        [{"role": "user", "content": f"Answer using only the passages below. I need a blood test that requires "
+                                     f"fasting: which days can I go, and when should I stop eating?\n\n{_CLINIC}"}],
+        [{"role": "user", "content": f"Answer using only the passages below. I am 70: do I pay for a flu "
+                                     f"vaccination, and can I order my repeat prescription by phone?\n\n{_CLINIC}"}],
+    ],
+}
+SUITE_SPLITS = {"tune": SUITE, "test": SUITE_TEST}  # bench --suite --split: defaults tuned on one, reported on the other

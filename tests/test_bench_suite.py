@@ -27,7 +27,9 @@ def test_suite_counts_every_contenders_target_passes(tmp_path, one_thread, capsy
                      _tiny) == 0
     doc = json.loads((tmp_path / "out.json").read_text())
     assert set(doc["kinds"]) == {"translation", "math"}
-    assert {"model", "ngram", "auto", "model_int8", "model_int4", "auto_int4", "hf_lookup"} <= set(doc["contenders"])
+    assert {"model", "ngram", "ngram_gain", "suffix", "auto", "model_int8", "model_int4", "auto_int4",
+            "hf_lookup_5", "hf_lookup_10", "hf_lookup_20"} <= set(doc["contenders"])
+    assert doc["split"] == "test"
     for kind in doc["kinds"].values():
         assert kind["speedup"]["hf_plain"] == pytest.approx(1.0)
         assert kind["tokens_per_pass"]["hf_plain"] == pytest.approx(1.0)  # one pass per token, prefill included
@@ -59,3 +61,12 @@ def test_verify_modes_bench_pools_the_same_drafts(tmp_path, one_thread):
         assert by[(t, "pq")].drafted == by[(t, "strict")].drafted == by[(t, "block")].drafted > 0
     for mode in ("strict", "block"):  # greedy: every rule keeps the same guesses
         assert by[(0.0, mode)].kept_share == pytest.approx(by[(0.0, "pq")].kept_share)
+
+
+def test_the_suites_halves_share_no_prompt_and_cover_every_kind():
+    from specdec.prompts import SUITE_SPLITS
+
+    tune, test = (SUITE_SPLITS[h] for h in ("tune", "test"))
+    assert set(tune) == set(test) and all(len(test[k]) >= 2 for k in test)
+    seen = lambda half: {json.dumps(p) for prompts in half.values() for p in prompts}  # noqa: E731
+    assert not seen(tune) & seen(test)

@@ -37,11 +37,15 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--predicted", action="store_true", help="light edits, the original text as the prediction: "
                     "predicted drafter vs plain and ngram (JSON to bench-results/predicted.json unless --out)")
     ap.add_argument("--per-kind", type=int, default=None, help="with --suite: prompts per task kind (default: all)")
+    ap.add_argument("--split", choices=["test", "tune"], default="test",
+                    help="with --suite: the prompt half to run; defaults are tuned on 'tune' and reported on 'test' "
+                         "(specdec.prompts.SUITE_SPLITS)")
     ap.add_argument("--tree", action="store_true", help="chains against token trees: the draft model's chain and "
                     "top-k trees, prompt lookup's chain and copy tree, our plain decoding and transformers' assisted "
                     "generation, on code, prose, chat and grounded prompts (JSON to bench-results/trees.json)")
     ap.add_argument("--suite", action="store_true", help="the Spec-Bench-shaped suite: six task kinds, greedy, ours "
-                    "(model, ngram, auto) against transformers (assisted at its defaults and at γ 4, prompt lookup) "
+                    "(model, ngram, suffix, auto) against transformers (assisted at its defaults and at γ 4, prompt "
+                    "lookup at 5, 10 and 20 tokens) "
                     "and plain generate(); --kinds picks kinds, --quick one prompt each (JSON to "
                     "bench-results/suite.json unless --out)")
     ap.add_argument("--quant-draft", action="store_true",

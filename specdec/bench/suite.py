@@ -12,17 +12,19 @@ counts its calls during the run (prefill included), so transformers' loops are m
 
 Contenders:
 - ours: the draft model at γ 4 (`model`), the same with its int8, int4 and int4-all drafts (`model_int8`,
-  `model_int4`, `model_int4all`, models.quant; bf16 pairs on a CPU), prompt lookup at γ 32 (`ngram`), the hybrid
+  `model_int4`, `model_int4all`, models.quant; bf16 pairs on a CPU), prompt lookup at γ 32 (`ngram`) and with each
+  copy's length chosen by expected gain (`ngram_gain`, the expected policy), the suffix index (`suffix`), the hybrid
   drafter at γ 4 (`auto`) and with the int4 draft at γ 16 under the confidence policy at 0.6, the model leading each
-  round (`auto_int4`: the model drafts while its top guess has q >= 0.6, and a strong match after its guesses hands
-  the rest of the 16 to a copy; HybridDrafter's lead="model". In a first look over two prompts per kind the
-  threshold 0.6 beat the default 0.4 and γ 32 on 6 of 8 prompts; the two leads measured alike, see
-  drafters/hybrid.py) -- our speculative loop with its display candidates, as the app runs it;
+  round (`auto_int4`) -- our speculative loop with its display candidates, as the app runs it;
 - our plain decoding (`plain`, no drafting): how much of a speedup is this engine's prepacked CPU kernels
   (models.prepack) rather than speculation; not counted among ours for the best-of columns;
 - transformers, as it ships (on F.linear, `prepack.plain_kernels`): plain `generate()` (the baseline), assisted
   generation with the draft at its own generation config (`hf_assisted`), at a constant γ 4 (`hf_assisted_g4`),
-  and prompt lookup (`hf_lookup`, prompt_lookup_num_tokens = 10, transformers' documented example value).
+  and prompt lookup at 5, 10 (transformers' documented example) and 20 tokens (`hf_lookup_5/10/20`).
+
+Lookup against lookup (`copy_vs_copy`): the best of our copy drafters (ngram, ngram_gain, suffix) over the best of
+transformers' three prompt lookups. Prompts come in two halves (`--split`, specdec.prompts.SUITE_SPLITS): `tune`,
+the prompts the app's defaults were chosen on, and `test` (the default), prompts no default saw.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from specdec.bench.defaults import resolve
 from specdec.bench.harness import (Column, Contender, Job, assistant_for, interleaved, log, middle, ratio, table,
                                    timed_generate, timed_plain, timed_spec, warm_up, write_result)
 from specdec.core.settings import DRAFTERS, DecodeSettings
-from specdec.prompts import SUITE
+from specdec.prompts import SUITE, SUITE_SPLITS
 
 
 
@@ -53,16 +55,20 @@ class Ours(NamedTuple):
 
 
 OURS = {"model": Ours("", {"drafter": "model", "gamma": 4}), "ngram": Ours("", {"drafter": "ngram", "gamma": 32}),
+        "ngram_gain": Ours("", {"drafter": "ngram", "gamma": 32, "gamma_policy": "expected"}),
+        "suffix": Ours("", {"drafter": "suffix", "gamma": 32}),
         "auto": Ours("", {"drafter": "auto", "gamma": 4}),
         "model_int8": Ours("int8", {"drafter": "model", "gamma": 4}),
         "model_int4": Ours("int4", {"drafter": "model", "gamma": 4}),
         "model_int4all": Ours("int4-all", {"drafter": "model", "gamma": 4}),
         "auto_int4": Ours("int4", {"drafter": "auto", "gamma": 16, "gamma_policy": "confidence",
                                    "confidence_threshold": 0.6}, hybrid_lead="model")}
-THEIRS = ("hf_assisted", "hf_assisted_g4", "hf_lookup")
+LOOKUP_TOKENS = (5, 10, 20)  # transformers' prompt lookup at each num_pred_tokens (10: its documented example)
+THEIRS = ("hf_assisted", "hf_assisted_g4", *(f"hf_lookup_{n}" for n in LOOKUP_TOKENS))
+OUR_COPIES = ("ngram", "ngram_gain", "suffix")  # lookup against lookup: our copy drafters ...
+THEIR_COPIES = tuple(f"hf_lookup_{n}" for n in LOOKUP_TOKENS)  # ... against transformers' prompt lookup
 BASELINE = "hf_plain"
 OUR_PLAIN = "plain"  # our own plain decoding: what the engine's kernels alone gain (not a speculative contender)
-LOOKUP_TOKENS = 10
 
 
 @dataclass
@@ -95,7 +101,8 @@ def contenders(pair, ours: list[str], quantized: dict | None = None) -> list[Con
            Contender("hf_assisted", lambda p, s: timed_generate(pair, p, s, assistant_model=pair.draft)),
            Contender("hf_assisted_g4", lambda p, s: timed_generate(pair, p, s,
                                                                    assistant_model=assistant_for(pair.draft, 4))),
-           Contender("hf_lookup", lambda p, s: timed_generate(pair, p, s, prompt_lookup_num_tokens=LOOKUP_TOKENS)),
+           *(Contender(f"hf_lookup_{n}", lambda p, s, n=n: timed_generate(pair, p, s, prompt_lookup_num_tokens=n))
+             for n in LOOKUP_TOKENS),
            Contender(OUR_PLAIN, partial(timed_plain, pair))]
     for name in ours:
         cfg = OURS[name]
@@ -150,8 +157,15 @@ def summarize_kind(samples: list[Run], names: list[str]) -> dict:
     ours = [n for n in names if n not in (BASELINE, OUR_PLAIN) and n not in THEIRS]
     best_ours = max(ours, key=lambda n: speedup[n] or 0.0)
     best_theirs = max(THEIRS, key=lambda n: speedup[n] or 0.0)
-    return {"tok_s": tok_s, "speedup": speedup, "tokens_per_pass": per_pass, "best_ours": best_ours,
-            "best_theirs": best_theirs, "best_vs_best": ratio(speedup[best_ours], speedup[best_theirs])}
+    out = {"tok_s": tok_s, "speedup": speedup, "tokens_per_pass": per_pass, "best_ours": best_ours,
+           "best_theirs": best_theirs, "best_vs_best": ratio(speedup[best_ours], speedup[best_theirs])}
+    copies = [n for n in OUR_COPIES if n in names]
+    if copies:  # lookup against lookup: our best copy drafter over transformers' best prompt lookup
+        ours_copy = max(copies, key=lambda n: speedup[n] or 0.0)
+        theirs_copy = max(THEIR_COPIES, key=lambda n: speedup[n] or 0.0)
+        out.update(best_copy_ours=ours_copy, best_copy_theirs=theirs_copy,
+                   copy_vs_copy=ratio(speedup[ours_copy], speedup[theirs_copy]))
+    return out
 
 
 def geometric_mean(values) -> float | None:
@@ -163,7 +177,7 @@ def print_table(kinds: dict, names: list[str], out=None) -> None:
     cols = [Column("kind", 13, "kind", "{}", left=True)]
     cols += [Column(n, max(7, len(n)), (lambda r, n=n: r["speedup"][n])) for n in names if n != BASELINE]
     cols += [Column("best ours", 10, "best_ours", "{}"), Column("best theirs", 14, "best_theirs", "{}"),
-             Column("ours/theirs", 11, "best_vs_best")]
+             Column("ours/theirs", 11, "best_vs_best"), Column("copy/copy", 9, "copy_vs_copy")]
     rows = [{"kind": k, **v} for k, v in kinds.items()]
     lines = ["speedup over plain transformers generate() (wall time incl. prefill, greedy, batch 1):",
              *table(cols, rows, rule=True), "", "tokens per target pass (prefill included):"]
@@ -197,19 +211,20 @@ def cmd_suite(args, load) -> int:
     ours = [n for n, cfg in OURS.items() if cfg.settings["drafter"] in DRAFTERS]
     run = resolve(args, "suite")
     kinds = run.kinds
-    unknown = [k for k in kinds if k not in SUITE]
+    prompts = SUITE_SPLITS[args.split]
+    unknown = [k for k in kinds if k not in prompts]
     if unknown:
         log(f"unknown suite kinds {unknown}; choose from {', '.join(SUITE)}")
         return 2
     per_kind = 1 if run.quick else (args.per_kind or None)
-    jobs = [Job(k, "greedy", p, True) for k in kinds for p in SUITE[k][:per_kind]]
+    jobs = [Job(k, "greedy", p, True) for k in kinds for p in prompts[k][:per_kind]]
     field = contenders(pair, ours, quantized_pairs(pair, sorted({OURS[n].quant for n in ours} - {""})))
     base = DecodeSettings(max_new_tokens=run.max_new_tokens, chat=True)
     samples = run_suite(pair, jobs, field, run.repeats, base)
     names = [c.name for c in field]
     result_kinds = {k: summarize_kind([x for x in samples if x.kind == k], names) for k in kinds}
     print_table(result_kinds, names)
-    write_result({"models": pair.describe(), "contenders": names, "kinds": result_kinds,
+    write_result({"models": pair.describe(), "split": args.split, "contenders": names, "kinds": result_kinds,
                   "max_new_tokens": base.max_new_tokens, "torch_threads": torch.get_num_threads(),
                   "samples": [{**asdict(x), "prompt": x.prompt[:60]} for x in samples]},
                  run.out)
