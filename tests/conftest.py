@@ -3,6 +3,7 @@ check that a test using what a tier costs (the app in a subprocess, Chromium, th
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import socket
@@ -15,6 +16,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module, for testing its parts (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 ARTIFACTS = ROOT / "test-artifacts"
 DEBIAN_CHROMIUM = "/usr/bin/chromium"  # SPECDEC_CHROMIUM replaces it (a path that is missing hides it)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

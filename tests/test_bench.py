@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -13,9 +11,9 @@ from specdec.bench.harness import Sample, assistant_for
 from specdec.bench.speed import CONTENDERS, summarize_group
 from specdec.cli import main
 from specdec.core.speedup import leviathan_speedup
+from tests.conftest import load_script
 
 TINY = ["--pair", "tiny", "--dtype", "float32", "--device", "cpu", "--max-new-tokens", "8"]
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "render_overhead.py"
 
 
 def _bench(tmp_path, *extra) -> dict:
@@ -48,10 +46,7 @@ def test_quick_bench_reports_every_group_and_consistent_ratios(tmp_path, capsys)
 
 
 def _render_script():
-    spec = importlib.util.spec_from_file_location("render_overhead", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("render_overhead")
 
 
 def test_render_overhead_script_runs_the_bench_and_adds_the_render_share(tmp_path, capsys):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import re
 import shlex
@@ -14,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -38,10 +38,7 @@ def _pages() -> list[Path]:
 
 
 def _cli_docs():
-    spec = importlib.util.spec_from_file_location("cli_docs", ROOT / "scripts" / "cli_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cli_docs")
 
 
 # ------------------------------------------------------------------------------------------------ the README

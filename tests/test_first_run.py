@@ -4,9 +4,7 @@ app really renders, and the /generate inputs it sends for the first example."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -15,11 +13,9 @@ from specdec.core.settings import DecodeSettings
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.loop.race import Race, parse_lanes
 from specdec.prompts import GROUNDED
+from tests.conftest import load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("first_run", ROOT / "scripts" / "first_run.py")
-first_run = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(first_run)
+first_run = load_script("first_run")
 
 
 def test_the_speedup_and_its_plain_cost_are_read_from_the_rendered_stats_panel(tiny_pair):
@@ -80,10 +76,7 @@ def test_the_badge_draws_a_bar_while_loading_only():
 
 
 def _cli_first_run():
-    spec = importlib.util.spec_from_file_location("cli_first_run", ROOT / "scripts" / "cli_first_run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("cli_first_run")
 
 
 def test_the_cli_check_runs_the_examples_command_and_reads_its_summary():

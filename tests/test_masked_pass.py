@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import load_script
+
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("masked_pass", ROOT / "scripts" / "masked_pass.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("masked_pass")
 
 
 def test_the_tree_pattern_sees_ancestors_only():
