@@ -52,8 +52,9 @@ def time_passes(lm, context: list[int], n: int, repeats: int, vocab: int) -> dic
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def time_sdpa(heads: int, kv_heads: int, dim: int, n: int, context: int, dtype, repeats: int) -> dict[str, float]:
-    """Attention alone on a pass's shapes: is_causal (the pass sits after the context) against an additive mask."""
+def time_sdpa(heads: int, dim: int, n: int, context: int, dtype, repeats: int) -> dict[str, float]:
+    """Attention alone on a pass's shapes, no mask against an additive mask; keys and values carry the query's heads,
+    as transformers hands them to sdpa after repeating the grouped KV heads."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, heads, n, dim, generator=g).to(dtype)
     k = torch.randn(1, heads, context + n, dim, generator=g).to(dtype)
@@ -97,8 +98,8 @@ def main(argv=None) -> int:
     rows = []
     for n in (int(x) for x in args.n.split(",")):
         passes = time_passes(lm, context, n, args.repeats, pair.vocab_size)
-        attn = time_sdpa(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                         n, args.context, pair.dtype, args.repeats)
+        attn = time_sdpa(cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads, n, args.context,
+                         pair.dtype, args.repeats)
         rows.append({"n": n, "context": args.context, "pass_ms": passes, "sdpa_ms": attn,
                      "tree_over_causal": passes["tree"] / passes["causal"],
                      "mask_over_causal": passes["causal_mask"] / passes["causal"]})

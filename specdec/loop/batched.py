@@ -279,13 +279,14 @@ class BatchDecoder:
         dev = self.pair.device
         return torch.tensor(ids, device=dev), torch.tensor(valid, device=dev)
 
-    def _lockstep_cut(self, outputs: list[list[int]], n_acc: list[int], active: list[bool]) -> tuple[int, int]:
+    def _lockstep_cut(self, to_eos: list[tuple[list[int], StopReason | None]], n_acc: list[int],
+                      active: list[bool]) -> tuple[int, int]:
         """The lockstep commit rule: (k, m), every active row committing the first k = m + 1 tokens of its round
         output, m the smallest accepted count over the active rows whose output holds no EOS (a row that ends this
-        round does not hold the others back; when every row ends, the longest output sets k)."""
-        eos = self.pair.eos_token_ids
-        going_on = [n for n, o, a in zip(n_acc, outputs, active) if a and cut_at_stop(o, eos)[1] is None]
-        m = min(going_on) if going_on else max(len(cut_at_stop(o, eos)[0]) for o, a in zip(outputs, active) if a) - 1
+        round does not hold the others back; when every row ends, the longest output sets k). to_eos: each row's
+        round output cut at its EOS (`cut_at_stop` without a budget)."""
+        going_on = [n for n, (_, why), a in zip(n_acc, to_eos, active) if a and why is None]
+        m = min(going_on) if going_on else max(len(o) for (o, _), a in zip(to_eos, active) if a) - 1
         left = min(self.settings.max_new_tokens - len(o) for o, a in zip(self.out, active) if a)
         return min(m + 1, left), m
 
@@ -331,7 +332,10 @@ class BatchDecoder:
         emitted: list[list[int]] = []
         d_list, y_list = draft_tokens.tolist(), bv.next_token.tolist()
         outputs = [d[:n] + [y] for d, n, y in zip(d_list, n_acc, y_list)]  # each row's own round output
-        k, slowest = self._lockstep_cut(outputs, n_acc, was_active) if self.commit == "lockstep" else (None, None)
+        k = slowest = None
+        if self.commit == "lockstep":
+            to_eos = [cut_at_stop(o, self.pair.eos_token_ids) for o in outputs]
+            k, slowest = self._lockstep_cut(to_eos, n_acc, was_active)
         held = [0] * b_rows
         for b in range(b_rows):
             got: list[int] = []
@@ -339,7 +343,7 @@ class BatchDecoder:
                 budget = self.settings.max_new_tokens - len(self.out[b])
                 got, self.stop[b] = cut_at_stop(outputs[b][:k], self.pair.eos_token_ids, budget)
                 if k is not None:  # what the row would have emitted alone, less what the cut let through
-                    held[b] = min(len(cut_at_stop(outputs[b], self.pair.eos_token_ids)[0]), budget) - len(got)
+                    held[b] = min(len(to_eos[b][0]), budget) - len(got)
                 self.out[b].extend(got)
                 self.draft.keep_in_head(got)
                 if self.stop[b] is not None:
