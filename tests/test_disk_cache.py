@@ -184,3 +184,40 @@ def test_a_corrupted_or_foreign_verdict_file_is_probed_again(store, monkeypatch)
     monkeypatch.setattr(prepack, "_PROBED", {})
     assert prepack.check_widths(_packed_model(), widths=[1, 2])["probed"] == 4
     assert len(list((store / "kernels").glob("*.json"))) == 2
+
+
+def test_the_dense_crossover_is_measured_once_per_shape_then_read(store, monkeypatch):
+    """settle_dense_rows times each (kind, shape) once, writes it, and a second model reads it; each layer then
+    takes the dense matmul exactly above its crossover (bits of F.linear on the dense weight) and the packed kernel
+    at or below it."""
+    gen = torch.Generator().manual_seed(0)
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(Int8Linear.from_weight(torch.randn(48, 64, generator=gen).to(BF16)),
+                                   Int8Linear.from_weight(torch.randn(48, 64, generator=gen).to(BF16)),
+                                   Int4Linear.from_weight(torch.randn(64, 64, generator=gen).to(BF16)))
+
+    timed = []
+    real = quant.measure_dense_rows
+    monkeypatch.setattr(quant, "measure_dense_rows", lambda layers: timed.append(len(layers)) or real(layers))
+    first = model()
+    assert quant.settle_dense_rows(first) == {"read": 0, "measured": 2} and timed == [2, 1]
+    second = model()
+    assert quant.settle_dense_rows(second) == {"read": 2, "measured": 0} and timed == [2, 1]
+    assert [m.dense_rows for m in first] == [m.dense_rows for m in second]
+    layer = second[0]
+    x = torch.randn(5, 64, generator=gen).to(BF16)
+    for cut, want in ((0, torch.nn.functional.linear(x, layer.dense)), (16, layer.packed(x))):
+        layer.dense_rows = cut
+        assert torch.equal(layer(x), want)
+    layer.dense_rows = 3
+    assert layer.select_rows(slice(0, 8)).dense_rows == 3  # a reduced head keeps its layer's crossover
+
+
+def test_a_corrupted_crossover_file_is_measured_again(store):
+    layer = Int8Linear.from_weight(torch.randn(32, 64).to(BF16))
+    quant.settle_dense_rows(torch.nn.Sequential(layer))
+    (path,) = (store / "kernels").glob("crossover-*.json")
+    path.write_text("{not json")
+    assert quant.settle_dense_rows(torch.nn.Sequential(layer)) == {"read": 0, "measured": 1}

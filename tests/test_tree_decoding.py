@@ -59,7 +59,8 @@ def tree_joint_chi_square(pair, prompt: str, widths, mode: str, n_samples: int, 
 
 
 @pytest.mark.stat
-@pytest.mark.parametrize("mode,widths", [("top-k", (2, 1)), ("sampled", (2, 2)), ("distinct", (2, 1))])
+@pytest.mark.parametrize("mode,widths", [("top-k", (2, 1)), ("sampled", (2, 2)), ("distinct", (2, 1)),
+                                         ("dynamic", (3, 2, 2))])
 def test_first_three_tokens_of_tree_rounds_follow_the_target(no_eos, one_thread, mode, widths):
     test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), widths, mode, N_SAMPLES)
     assert test.p_value > 1e-3, (mode, widths, test)
@@ -93,6 +94,64 @@ def test_the_chi_square_catches_top_k_children_verified_as_if_sampled(no_eos, on
     monkeypatch.setattr(tree_mod, "choose_children", lying)
     test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), (2, 1), "top-k", N_SAMPLES)
     assert test.p_value < 1e-3, test
+
+
+@pytest.mark.stat
+def test_the_chi_square_catches_a_dynamic_tree_verified_against_the_wrong_q(no_eos, one_thread, monkeypatch):
+    """Planted bug: the confidence-shaped tree's deterministic nodes carry a q that puts only half its mass on
+    the node's token (as if each had been drawn), instead of one-hot."""
+    import specdec.loop.tree as loop_tree
+
+    real = loop_tree.draft_dynamic_tree
+
+    def lying(*args, **kwargs):
+        tree, probs = real(*args, **kwargs)
+        q = torch.full((tree.size, no_eos.vocab_size), 0.5 / (no_eos.vocab_size - 1))
+        q[torch.arange(tree.size), tree.tokens] = 0.5
+        return tree_mod.TokenTree(tree.tokens, tree.parents, q), probs
+
+    monkeypatch.setattr(loop_tree, "draft_dynamic_tree", lying)
+    test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), (3, 2, 2), "dynamic", N_SAMPLES)
+    assert test.p_value < 1e-3, test
+
+
+def test_a_dynamic_tree_keeps_its_likeliest_candidates_as_a_tree(tiny_pair):
+    """Nodes come parents first, siblings by confidence; a node's path probability never exceeds its parent's; the
+    budget callable sees the candidates' path probabilities best first and its answer is the node count."""
+    from specdec.core.kvcache import CachedLM
+
+    lm = CachedLM(tiny_pair.draft, tiny_pair.vocab_size)
+    committed = encode_prompt(tiny_pair.tokenizer, "def add(a, b):")
+    seen = []
+
+    def budget(probs):
+        seen.append(list(probs))
+        return 7
+
+    tree, probs = tree_mod.draft_dynamic_tree(lm, committed, [3, 3, 2], SamplingConfig(), budget)
+    assert tree.size == 7 == len(probs) and len(seen) == 1
+    assert seen[0] == sorted(seen[0], reverse=True) and 3 + 3 * 3 <= len(seen[0]) + 2 * 3  # 3 + 9 + 4 candidates
+    for i, parent in enumerate(tree.parents):
+        assert parent < i and (parent == -1 or probs[i] <= probs[parent] + 1e-12)
+    for node in [-1] + list(range(tree.size)):
+        kids = tree.children(node)
+        assert [probs[k] for k in kids] == sorted((probs[k] for k in kids), reverse=True)
+    assert sorted(probs, reverse=True) == seen[0][:7]
+    assert tree.q.ids.tolist() == tree.tokens.tolist()  # one-hot q: every node was chosen deterministically
+
+
+def test_the_tree_budget_grows_with_cheap_width():
+    from types import SimpleNamespace
+
+    probs = [0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.15, 0.1, 0.05] + [0.02] * 30
+    picks = {}
+    for per_node in (0.3, 8.0):  # ms one more node costs on a ~200 ms round
+        budget = tree_mod.TreeBudget()
+        for i in range(40):
+            n = 1 + (i * 7) % 40
+            budget.observe(SimpleNamespace(index=i + 1, round_ms=200 + per_node * n, draft_ms=0, verify_ms=0), n)
+        picks[per_node] = budget(probs)
+    assert picks[0.3] > picks[8.0] >= 1, picks
 
 
 def test_children_carry_the_q_they_were_drawn_from(tiny_pair):
@@ -144,9 +203,11 @@ def _tiny():
 def test_greedy_trees_equal_plain_greedy_on_the_real_pair(real_pair_fp32, real_greedy):
     """fp32 on a CPU: the embedded pair's tree rounds write plain greedy's text, token for token."""
     s = DecodeSettings(max_new_tokens=16)
-    for prompt, widths in (("def fibonacci(n):", (3, 2, 1)), ("The history of the printing press begins", (2, 2))):
+    for prompt, widths, mode in (("def fibonacci(n):", (3, 2, 1), "top-k"),
+                                 ("The history of the printing press begins", (2, 2), "top-k"),
+                                 ("The history of the printing press begins", (4, 4, 4, 4), "dynamic")):
         plain = real_greedy(prompt, s.max_new_tokens)
-        dec = TreeDecoder(real_pair_fp32, prompt, s, widths, "top-k")
+        dec = TreeDecoder(real_pair_fp32, prompt, s, widths, mode)
         list(dec)
         assert dec.generated_ids == plain, (prompt, widths)
 

@@ -2,7 +2,7 @@
 
 On the bench's prompt kinds (code, prose, chat and the input-grounded set), greedy and sampled (T = 0.7), one
 run interleaves and rotates (bench.harness): our plain decoding, the draft model's chain (γ 4) against its top-k
-trees, and prompt lookup's chain (γ 32) against its copy tree (a branch per distinct earlier continuation). Per
+trees and its confidence-shaped (dynamic) tree, and prompt lookup's chain (γ 32) against its copy tree (a branch per distinct earlier continuation). Per
 group: tokens per target pass, draft and verify ms per round, and the measured speedup over our plain decoding,
 plus transformers' assisted generation (γ 4) on the same prompts for the best-vs-best column.
 """
@@ -24,13 +24,16 @@ from specdec.core.clock import Stopwatch
 from specdec.loop.tree import TreeDecoder
 
 MODEL_TREES = {"model_tree_321": (3, 2, 1), "model_tree_2111": (2, 1, 1, 1)}
+# Confidence-shaped trees (EAGLE-2): depth 5, the 4 likeliest frontier nodes get 4 children each, and each round
+# keeps as many candidates (at most 64) as this run's measured width cost says pay.
+DYNAMIC_TREES = {"model_dynamic_4x5": (4,) * 5}
 NGRAM_TREE = (4,) + (1,) * 11  # up to four branches of twelve copied tokens (at most 48 nodes)
 
 
-def timed_tree(pair, widths, prompt, s) -> Timed:
+def timed_tree(pair, widths, prompt, s, mode: str = "top-k") -> Timed:
     """Our tree loop; its rounds as their chain views (Round), so tokens per pass and timings read as the chain's."""
     clock = Stopwatch(pair.device)
-    dec = TreeDecoder(pair, prompt, s, widths, "top-k")
+    dec = TreeDecoder(pair, prompt, s, widths, mode)
     rounds = [r.round for r in dec]
     return Timed(dec.generated_ids, clock.total() / 1e3, rounds)
 
@@ -42,6 +45,9 @@ def contenders(pair) -> list[Contender]:
            Contender("model_chain", lambda p, s: timed_spec(pair, p, replace(s, drafter="model", gamma=4)))]
     for name, widths in MODEL_TREES.items():
         out.append(Contender(name, lambda p, s, w=widths: timed_tree(pair, w, p, replace(s, drafter="model"))))
+    for name, widths in DYNAMIC_TREES.items():
+        out.append(Contender(name, lambda p, s, w=widths: timed_tree(pair, w, p, replace(s, drafter="model"),
+                                                                     "dynamic")))
     out += [Contender("ngram_chain", lambda p, s: timed_spec(pair, p, replace(s, drafter="ngram", gamma=32))),
             Contender("ngram_tree", lambda p, s: timed_tree(pair, NGRAM_TREE, p, replace(s, drafter="ngram")))]
     return out
@@ -95,6 +101,7 @@ def cmd_tree_bench(args, load) -> int:
     groups["all"] = summarize(samples, names)
     print_table(groups, names)
     write_result({"models": pair.describe(), "model_trees": {k: list(v) for k, v in MODEL_TREES.items()},
+                  "dynamic_trees": {k: list(v) for k, v in DYNAMIC_TREES.items()},
                   "ngram_tree": list(NGRAM_TREE), "max_new_tokens": base.max_new_tokens,
                   "torch_threads": torch.get_num_threads(), "groups": groups,
                   "samples": [x.to_json(prompt_chars=60) for x in samples]}, run.out)

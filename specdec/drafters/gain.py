@@ -47,7 +47,7 @@ class CopyGain:
     def __init__(self):
         self.kept = [[0.0] * len(POS_BUCKETS) for _ in MATCH_BUCKETS]
         self.tested = [[0.0] * len(POS_BUCKETS) for _ in MATCH_BUCKETS]
-        self._t = [0.0] * 5  # decayed sums: weight, x, y, x^2, x*y (x = width, y = round ms)
+        self.timing = WidthCost()
 
     # -- what the run has shown ------------------------------------------------------------------------------
     def alpha(self, match_len: int, pos: int) -> float:
@@ -56,17 +56,7 @@ class CopyGain:
 
     def width_cost(self) -> float:
         """w / T_0: the extra ms of one more verified guess over the ms of a round that verifies none."""
-        sw, sx, sy, sxx, sxy = self._t
-        if sw <= 0:
-            return PRIOR_WIDTH
-        mx, my = sx / sw, sy / sw
-        var = max(0.0, sxx / sw - mx * mx)
-        if var <= 1e-9 or my <= 0:
-            return PRIOR_WIDTH
-        slope = max(0.0, (sxy / sw - mx * my) / var)
-        base = max(my - slope * mx, 0.1 * my)
-        weight = sw * var / (sw * var + SPREAD_WEIGHT)
-        return min(1.0, weight * slope / base + (1 - weight) * PRIOR_WIDTH)
+        return self.timing.per_token()
 
     def expected(self, match_len: int, g: int) -> float:
         """E(g): tokens a round of the first g guesses of a copy after a match_len-token match yields on average."""
@@ -105,9 +95,36 @@ class CopyGain:
                 self.kept[b][p] += fate == KEPT
                 if fate == REJECTED:
                     break
+        self.timing.observe(rnd, rnd.gamma)
+
+
+class WidthCost:
+    """w / T_0 learned from a run's own rounds: their wall time regressed on how many positions they verified
+    (decayed by TIME_DECAY a round; leaning on PRIOR_WIDTH until the widths seen spread enough). Copy lengths
+    (`CopyGain`) and dynamic tree budgets (`drafters.tree.TreeBudget`) both read it."""
+
+    def __init__(self):
+        self._t = [0.0] * 5  # decayed sums: weight, x, y, x^2, x*y (x = width, y = round ms)
+
+    def per_token(self) -> float:
+        sw, sx, sy, sxx, sxy = self._t
+        if sw <= 0:
+            return PRIOR_WIDTH
+        mx, my = sx / sw, sy / sw
+        var = max(0.0, sxx / sw - mx * mx)
+        if var <= 1e-9 or my <= 0:
+            return PRIOR_WIDTH
+        slope = max(0.0, (sxy / sw - mx * my) / var)
+        base = max(my - slope * mx, 0.1 * my)
+        weight = sw * var / (sw * var + SPREAD_WEIGHT)
+        return min(1.0, weight * slope / base + (1 - weight) * PRIOR_WIDTH)
+
+    def observe(self, rnd, width: int) -> None:
+        """One finished Round that verified `width` positions besides the bonus; round one also ran the prompt and
+        is left out."""
         ms = rnd.round_ms or (rnd.draft_ms + rnd.verify_ms)
-        if rnd.index > 0 and ms > 0:  # round one also ran the prompt
-            x = float(rnd.gamma)
+        if rnd.index > 0 and ms > 0:
+            x = float(width)
             self._t = [TIME_DECAY * v for v in self._t]
             for j, v in enumerate((1.0, x, ms, x * x, x * ms)):
                 self._t[j] += v

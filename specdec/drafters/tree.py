@@ -6,7 +6,11 @@ How children are chosen decides the q each child carries (see `core.tree`), so e
   child (EAGLE-style static trees; the likeliest guesses, whatever the temperature);
 - "sampled": `width` i.i.d. draws from the warped draft distribution d: q = d for every child (SpecInfer);
 - "distinct": draws without replacement from d: q is d with the earlier siblings removed and renormalized
-  (Sequoia's SpecTree); a node has fewer children when d has fewer ids.
+  (Sequoia's SpecTree); a node has fewer children when d has fewer ids;
+- "dynamic": a tree shaped by the draft's confidence (EAGLE-2, `draft_dynamic_tree`): at depth i the widths[i]
+  frontier nodes with the highest path probability get widths[i] top-k children each, and the round keeps the
+  candidates with the highest path probability, as many as `TreeBudget` finds worth their width on this machine.
+  Every choice is a deterministic function of the draft's logits, so q is one-hot on every node.
 A chain is widths (1, 1, ...).
 
 Copy drafters (ngram, predicted) build trees of their own with `propose_tree(committed, depth, budget, cfg, gen)`
@@ -18,6 +22,7 @@ text.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -29,7 +34,7 @@ from specdec.core.sampling import OneHot, SamplingConfig, cat_rows, dense, distr
 from specdec.core.stop import cut_at_stop
 from specdec.core.tree import ROOT, TokenTree
 
-TREE_MODES = ("top-k", "sampled", "distinct")
+TREE_MODES = ("top-k", "sampled", "distinct", "dynamic")
 
 
 def check_widths(widths, mode: str) -> list[int]:
@@ -39,6 +44,8 @@ def check_widths(widths, mode: str) -> list[int]:
     widths = [whole_number(w, "a tree width", 1, 8) for w in widths]
     if not widths:
         raise InvalidInputError("a tree needs at least one depth, e.g. widths 3,2,1")
+    if mode == "dynamic":
+        return widths  # candidates are cut to at most MAX_TREE_NODES by path probability, never refused
     nodes, level = 0, 1
     for w in widths:
         level *= w
@@ -100,6 +107,98 @@ def draft_tree(lm: CachedLM, committed: list[int], widths: list[int], mode: str,
                 qs.append(q)
         frontier = grown
     return TokenTree(torch.tensor(tokens, dtype=torch.long, device=lm.device), parents, _rows(qs))
+
+
+def path_confidence(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """log of how likely the draft thinks each next token is, [m, V]: its warped distribution (what the target's p
+    will be warped to), or, greedy, its plain softmax (a one-hot warp would rank nothing)."""
+    if cfg.greedy:
+        return torch.log_softmax(logits.float(), -1)
+    return dense(distribution(logits, cfg)).float().log()
+
+
+def draft_dynamic_tree(lm: CachedLM, committed: list[int], widths: list[int], cfg: SamplingConfig,
+                       budget=None, stop_ids=()) -> tuple[TokenTree, list[float]]:
+    """EAGLE-2's dynamic tree from the draft model: (the tree, each node's path probability).
+
+    Depth 0 takes the root's widths[0] likeliest children. Depth i > 0 expands the widths[i] nodes of the last
+    depth with the highest path probability (the product of the draft's probabilities from the root, in
+    `path_confidence`), widths[i] top-k children each; one draft pass scores the expanded nodes (only them: the
+    pass stays narrow however many candidates there are). Then every candidate is ranked by path probability and
+    the best `budget(sorted path probabilities)` are kept (None: all, at most MAX_TREE_NODES); a child never ranks
+    above its parent, so the kept nodes form a tree. End-of-text candidates are never expanded.
+    """
+    tokens: list[int] = []  # every candidate, parents before children
+    parents: list[int] = []
+    score: list[float] = []  # log path probability
+    expanded: list[int] = []  # candidates expanded so far (ancestors of the next depth), in order
+    frontier = [ROOT]
+    stops = set(int(t) for t in stop_ids)
+    for depth, width in enumerate(widths):
+        if depth == 0:
+            rows = lm.logits_after(committed)[-1:]
+        else:
+            order = sorted((c for c in frontier if tokens[c] not in stops), key=lambda c: (-score[c], c))[:width]
+            if not order:
+                break
+            expanded = sorted(expanded + order)
+            pos = {c: j for j, c in enumerate(expanded)}
+            sub = TokenTree(torch.tensor([tokens[c] for c in expanded], device=lm.device),
+                            [pos[parents[c]] if parents[c] != ROOT else ROOT for c in expanded],
+                            OneHot(torch.tensor([tokens[c] for c in expanded], device=lm.device), lm.vocab_size))
+            logits = lm.logits_for_tree(committed, sub)
+            rows = logits[[pos[c] + 1 for c in order]]
+            frontier = order
+        conf = path_confidence(rows, cfg)
+        grown = []
+        for node, c in zip(frontier if depth else [ROOT], conf):
+            top = torch.topk(c, min(width, c.shape[-1]))
+            base = score[node] if node != ROOT else 0.0
+            for v, x in zip(top.values.tolist(), top.indices.tolist()):
+                if v == float("-inf"):
+                    break
+                grown.append(len(tokens))
+                tokens.append(int(x))
+                parents.append(node)
+                score.append(base + v)
+        frontier = grown
+    ranked = sorted(range(len(tokens)), key=lambda c: (-score[c], c))
+    probs = [math.exp(score[c]) for c in ranked]
+    n = min(len(ranked), MAX_TREE_NODES)
+    if budget is not None and ranked:
+        n = max(1, min(n, int(budget(probs[:n]))))
+    kept = sorted(ranked[:n])  # creation order: parents first, siblings by confidence
+    pos = {c: j for j, c in enumerate(kept)}
+    ids = torch.tensor([tokens[c] for c in kept], dtype=torch.long, device=lm.device)
+    tree = TokenTree(ids, [pos[parents[c]] if parents[c] != ROOT else ROOT for c in kept], OneHot(ids, lm.vocab_size))
+    return tree, [math.exp(score[c]) for c in kept]
+
+
+class TreeBudget:
+    """How many of a dynamic tree's candidates to verify: the n with the most expected tokens per unit of round
+    time, E(n) / (1 + rho n), where E(n) = 1 + the sum of the n best path probabilities (each node's chance of
+    being accepted, as the draft sees it: EAGLE-2's value of a tree) and rho the measured cost of one more verified
+    node against a round that verifies none (`gain.WidthCost`, from this run's own rounds: width is nearly free
+    on some CPUs and costs ~10 ms a node on others)."""
+
+    def __init__(self):
+        from specdec.drafters.gain import WidthCost
+
+        self.timing = WidthCost()
+
+    def __call__(self, probs: list[float]) -> int:
+        rho = self.timing.per_token()
+        best, best_rate, tokens = 1, -1.0, 1.0
+        for n, s in enumerate(probs, 1):
+            tokens += s
+            rate = tokens / (1 + rho * n)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
+
+    def observe(self, rnd, nodes: int) -> None:
+        """A finished round (its chain view, `Round`) that verified `nodes` tree nodes."""
+        self.timing.observe(rnd, nodes)
 
 
 def _rows(qs: list):

@@ -2,7 +2,8 @@
 from the root, and the target's cache (and the draft model's, when it drafted) keeps exactly the accepted path.
 
 Who drafts follows `settings.drafter`: "model" grows the tree from the draft model (`drafters.tree.draft_tree`,
-children per depth from `widths`, chosen by `mode`); "ngram", "predicted" and "suffix" copy it from the text
+children per depth from `widths`, chosen by `mode`; mode "dynamic" shapes it by the draft's confidence instead,
+`draft_dynamic_tree`, keeping as many nodes as `TreeBudget` measures to pay); "ngram", "predicted" and "suffix" copy it from the text
 or the prediction (their `propose_tree`: a branch per distinct continuation, one-hot q), the widths then bounding its
 depth and node count (`drafters.tree.copy_tree_bounds`).
 
@@ -27,7 +28,8 @@ from specdec.core.stop import StopReason, cut_at_stop
 from specdec.core.tree import TokenTree, TreeVerdict, verify_tree
 from specdec.core.tree_events import TreeRoundEvent
 from specdec.drafters import make_drafter, resolve_draft_vocab
-from specdec.drafters.tree import TreeDrafter, check_tree_drafter, check_widths, copy_tree_bounds, draft_tree
+from specdec.drafters.tree import (TreeBudget, TreeDrafter, check_tree_drafter, check_widths, copy_tree_bounds,
+                                   draft_dynamic_tree, draft_tree)
 from specdec.loop.tree_display import tree_chain_round, tree_round_event
 from specdec.models.pair import ModelPair
 
@@ -78,6 +80,7 @@ class TreeDecoder:
         self.draft = CachedLM(self.pair.draft, self.pair.vocab_size,
                               resolve_draft_vocab(self.pair, self.settings.draft_vocab), self.pair.eos_token_ids)
         self.draft.keep_in_head(self.prompt_ids)
+        self.budget = TreeBudget() if self.mode == "dynamic" else None  # how many candidates pay, as measured
         self.rounds: list[TreeRound] = []
         self.stop_reason: StopReason | None = None
         self.totals = Totals()
@@ -104,7 +107,9 @@ class TreeDecoder:
         cfg = self.settings.sampling
         left = self.settings.max_new_tokens - len(self.generated_ids)
         widths = self.widths[: max(1, left - 1)]  # deeper than the budget is wasted work
-        if self.drafter is None:
+        if self.budget is not None:
+            tree, _ = draft_dynamic_tree(self.draft, self.ids, widths, cfg, self.budget, self.pair.eos_token_ids)
+        elif self.drafter is None:
             tree = draft_tree(self.draft, self.ids, widths, self.mode, cfg, self.gen)
         else:
             tree = self.drafter.propose_tree(self.ids, *copy_tree_bounds(widths), cfg, self.gen)
@@ -145,3 +150,5 @@ class TreeDecoder:
         rnd.round.round_ms = clock.total()
         self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round.round_ms
         rnd.round.totals = replace(self.totals)
+        if self.budget is not None:
+            self.budget.observe(rnd.round, rnd.tree.size)

@@ -33,7 +33,7 @@ from specdec.models.embedded import EMBEDDED, Progress, embedded_folder
 from specdec.models.embedded import say as _say
 from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
 from specdec.models.prepack import check_widths, prepack, prepack_supported, prepacked
-from specdec.models.quant import check_quant_support, quantize, resolve_quant
+from specdec.models.quant import check_quant_support, quantize, resolve_quant, settle_dense_rows
 from specdec.core.record import PairInfo
 from specdec.core.static_cache import resolve_engine
 from specdec.models.tiny import tiny_models, tiny_seed, tiny_tokenizer
@@ -273,6 +273,8 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
         _say(progress, f"quantizing the draft ({draft_quant})")
         check_quant_support(dt, pair.device, draft_quant)  # a device map may have put the draft elsewhere than `dev`
         quantize(pair.draft, draft_quant)
+        if pair.device.type == "cpu":
+            settle_dense_rows(pair.draft, say=lambda m: _say(progress, m))
         pair.draft_quant = draft_quant
     if device_map is None and prepack_supported(dt, dev):
         _say(progress, "prepacking the linear layers for the CPU")
@@ -310,6 +312,8 @@ def quantized_draft_pair(pair: ModelPair, mode: str = "int8", dtype: torch.dtype
     dtype = dtype or pair.dtype
     check_quant_support(dtype, pair.device, mode)
     draft = quantize(copy.deepcopy(pair.draft), mode, dtype)
+    if pair.device.type == "cpu":
+        settle_dense_rows(draft)
     label = mode if dtype == pair.dtype else f"{mode}:{str(dtype).replace('torch.', '')}"
     return dataclasses.replace(pair, draft=draft, draft_quant=label, leases=0)
 

@@ -16,7 +16,11 @@ the output projection (lm_head) for a packed layer:
 
 Why it pays: a one-token draft step is bound by reading weights, and the packed kernels read a half (int8) or a
 quarter (int4) of the bf16 bytes. They are made for a few rows, so every packed layer keeps its dequantized weight
-as well (`dense`, in the activation dtype) and multiplies passes of more than DENSE_ROWS rows (a prefill) by it.
+as well (`dense`, in the activation dtype) and multiplies wide passes (a prefill, a tree's nodes) by it. Where the
+two cross is a property of the CPU, not of the code: on a 2-core AMX Xeon the dense bf16 matmul beats the packed
+int4 kernel from ~8 rows, elsewhere only past 16. `settle_dense_rows` times both per layer shape when a pair loads
+(once per CPU and torch build: the crossovers are kept on disk like the kernel verdicts) and sets each layer's
+`dense_rows`.
 float32 activations are refused (`InvalidInputError`: there the dense float32 matmul is the faster kernel), as is
 any device other than the CPU. The measured costs and acceptances per kind are in docs/performance.md.
 
@@ -46,7 +50,8 @@ QMAX = 127  # int8: symmetric range -127..127 (-128 unused, so the scale maps ma
 INT4_GROUP = 32  # int4: weights per (scale, offset) pair along a row
 INT4_ROWS = 16  # the int4 packing needs a multiple of 16 output rows (padded with zeros)
 INT4_BLOCK = 64  # ... and packs them in blocks of 64: the first 64 * b rows of a packed weight are packed alone
-DENSE_ROWS = 16  # passes over more rows than this multiply by the dequantized weight instead
+DENSE_ROWS = 16  # until measured (`settle_dense_rows`): passes over more rows multiply by the dequantized weight
+CROSSOVER_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # pass widths at which the two kernels are timed against each other
 # The MLP projections' attribute names (Llama/Qwen/Mistral gate/up/down, OPT/Phi fc1/fc2, Mixtral-style w1..w3): the
 # layers "int4" packs in 4 bits; every other linear layer and the head get int8.
 MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "w1", "w2", "w3")
@@ -165,6 +170,7 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = dense.shape
         self.register_buffer("dense", dense.contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().to(dense.dtype))
+        self.dense_rows = DENSE_ROWS  # passes over more rows take the dense matmul (settle_dense_rows measures it)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -173,11 +179,16 @@ class PackedLinear(nn.Module):
     def packed(self, flat: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N] by the packed kernel
         raise NotImplementedError
 
+    def _like(self, other: "PackedLinear") -> "PackedLinear":
+        """`other` (rows of this layer) taking this layer's measured crossover."""
+        other.dense_rows = self.dense_rows
+        return other
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise InvalidInputError(f"{type(self).__name__} takes {self.dtype} inputs, got {x.dtype}")
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] > DENSE_ROWS:
+        if flat.shape[0] > self.dense_rows:
             y = nn.functional.linear(flat, self.dense)
         else:
             y = self.packed(flat.contiguous())
@@ -241,8 +252,8 @@ class Int8Linear(PackedLinear):
         else:
             pick = lambda t: t.index_select(0, rows.to(t.device))  # noqa: E731
         bias = None if self.bias is None else pick(self.bias)
-        return Int8Linear(pick(self.qweight).contiguous(), pick(self.scales).contiguous(), bias,
-                          pick(self.dense).contiguous())
+        return self._like(Int8Linear(pick(self.qweight).contiguous(), pick(self.scales).contiguous(), bias,
+                                     pick(self.dense).contiguous()))
 
 
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,7 +316,8 @@ class Int4Linear(PackedLinear):
         if isinstance(rows, slice) and rows.start in (None, 0) and rows.step in (None, 1) and rows.stop \
                 and rows.stop % INT4_BLOCK == 0 and rows.stop <= self.out_features:
             bias = None if self.bias is None else self.bias[rows]
-            return Int4Linear(self.dense[rows], bias, self.qweight[rows], self.scales_zeros[:, rows].contiguous())
+            return self._like(Int4Linear(self.dense[rows], bias, self.qweight[rows],
+                                         self.scales_zeros[:, rows].contiguous()))
         pick = (lambda t: t[rows]) if isinstance(rows, slice) else (lambda t: t.index_select(0, rows.to(t.device)))
         if self.bias is not None:
             raise ValueError("Int4Linear.select_rows: only a head without bias gives dense rows")
@@ -412,6 +424,71 @@ def _cached_codes(identity: dict, layers) -> dict[str, dict[str, torch.Tensor]] 
         if name not in codes or tuple(codes[name].get("q", torch.empty(0)).shape) != tuple(linear.weight.shape):
             return None
     return codes
+
+
+def _time_ms(fn, x: torch.Tensor, reps: int) -> float:
+    import time
+
+    fn(x)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn(x)
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def measure_dense_rows(layers: list[PackedLinear], rows=CROSSOVER_ROWS, reps: int = 3) -> int:
+    """The widest pass (of `rows`) up to which the packed kernel is at least as fast as the dense matmul on this
+    CPU, for layers of one shape. Each timing runs every layer in `layers` once (best of `reps`), so the weights
+    stream from memory as in a real pass: one layer timed alone stays in the cache and flatters the dense matmul,
+    which reads 2-4x more bytes. Every width up to the first where dense wins counts: 0 when dense wins even one
+    row, max(rows) when it never does."""
+    first = layers[0]
+    dense = lambda x: [nn.functional.linear(x, m.dense) for m in layers]  # noqa: E731
+    packed = lambda x: [m.packed(x) for m in layers]  # noqa: E731
+    out = 0
+    with torch.inference_mode():
+        for m in rows:
+            x = torch.randn(m, first.in_features, dtype=first.dtype, device=first.dense.device)
+            if _time_ms(dense, x, reps) < _time_ms(packed, x, reps):
+                break
+            out = m
+    return out
+
+
+def settle_dense_rows(model: nn.Module, say=None) -> dict[str, int]:
+    """Set every packed layer's `dense_rows` from measured crossovers, one per (kind, shape, dtype): read from the
+    disk cache for this CPU and torch build (`prepack.kernel_identity`) or timed now and written there. Returns
+    counts: crossovers read and measured. Timings are a measurement, not a verdict: a busy machine may pick a
+    slower kernel, never a different result (each kernel computes the draft's own q)."""
+    from specdec.models.prepack import kernel_identity
+
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    counts = {"read": 0, "measured": 0}
+    if not layers:
+        return counts
+    identity = {**kernel_identity(layers[0].dtype), "crossover": [list(CROSSOVER_ROWS), "all layers"]}
+    path = disk_cache.store_dir("kernels") / f"crossover-{disk_cache.digest(identity)[:32]}.json"
+    known = {k: v for k, v in (disk_cache.read_json(path, identity) or {}).items() if isinstance(v, int)}
+    groups: dict[str, list[PackedLinear]] = {}
+    for m in layers:
+        groups.setdefault(f"{type(m).__name__}:{m.out_features}x{m.in_features}", []).append(m)
+    fresh = False
+    for key, group in groups.items():
+        if key in known:
+            counts["read"] += 1
+        else:
+            if say:
+                say(f"timing the draft's packed kernels against dense on this CPU: {key} (once)")
+            known[key] = measure_dense_rows(group)
+            counts["measured"] += 1
+            fresh = True
+        for m in group:
+            m.dense_rows = known[key]
+    if fresh:
+        disk_cache.write_json(path, identity, known)
+    return counts
 
 
 def quantize_int8(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
