@@ -105,10 +105,10 @@ def test_the_chi_square_catches_a_dynamic_tree_verified_against_the_wrong_q(no_e
     real = loop_tree.draft_dynamic_tree
 
     def lying(*args, **kwargs):
-        tree, probs = real(*args, **kwargs)
+        tree, probs, passes = real(*args, **kwargs)
         q = torch.full((tree.size, no_eos.vocab_size), 0.5 / (no_eos.vocab_size - 1))
         q[torch.arange(tree.size), tree.tokens] = 0.5
-        return tree_mod.TokenTree(tree.tokens, tree.parents, q), probs
+        return tree_mod.TokenTree(tree.tokens, tree.parents, q), probs, passes
 
     monkeypatch.setattr(loop_tree, "draft_dynamic_tree", lying)
     test = tree_joint_chi_square(no_eos, _ngram_prompt(no_eos), (3, 2, 2), "dynamic", N_SAMPLES)
@@ -124,12 +124,16 @@ def test_a_dynamic_tree_keeps_its_likeliest_candidates_as_a_tree(tiny_pair):
     committed = encode_prompt(tiny_pair.tokenizer, "def add(a, b):")
     seen = []
 
-    def budget(probs):
-        seen.append(list(probs))
-        return 7
+    class Budget:
+        def keep(self, probs):
+            seen.append(list(probs))
+            return 7
 
-    tree, probs = tree_mod.draft_dynamic_tree(lm, committed, [3, 3, 2], SamplingConfig(), budget)
-    assert tree.size == 7 == len(probs) and len(seen) == 1
+        def deeper(self, gain):
+            return True
+
+    tree, probs, passes = tree_mod.draft_dynamic_tree(lm, committed, [3, 3, 2], SamplingConfig(), Budget())
+    assert tree.size == 7 == len(probs) and len(seen) == 1 and passes == 3
     assert seen[0] == sorted(seen[0], reverse=True) and 3 + 3 * 3 <= len(seen[0]) + 2 * 3  # 3 + 9 + 4 candidates
     for i, parent in enumerate(tree.parents):
         assert parent < i and (parent == -1 or probs[i] <= probs[parent] + 1e-12)
@@ -149,9 +153,23 @@ def test_the_tree_budget_grows_with_cheap_width():
         budget = tree_mod.TreeBudget()
         for i in range(40):
             n = 1 + (i * 7) % 40
-            budget.observe(SimpleNamespace(index=i + 1, round_ms=200 + per_node * n, draft_ms=0, verify_ms=0), n)
-        picks[per_node] = budget(probs)
+            budget.observe(SimpleNamespace(index=i + 1, round_ms=200 + per_node * n, draft_ms=0, verify_ms=0,
+                                           committed_ids=[1, 2]), n, 0)
+        picks[per_node] = budget.keep(probs)
     assert picks[0.3] > picks[8.0] >= 1, picks
+
+
+def test_a_dynamic_tree_drafts_a_depth_only_while_it_pays():
+    """deeper(gain): one more draft pass is worth it when the tokens it may add, at this run's ms per token, cost
+    more than the pass; before any measured round every depth is drafted."""
+    from types import SimpleNamespace
+
+    budget = tree_mod.TreeBudget()
+    assert budget.deeper(0.01)
+    for i in range(5):  # rounds of 300 ms for 3 tokens (100 ms a token), 4 draft passes of 40 ms
+        budget.observe(SimpleNamespace(index=i + 1, round_ms=300.0, draft_ms=160.0, verify_ms=0.0,
+                                       committed_ids=[1, 2, 3]), 10, 4)
+    assert budget.deeper(0.5) and not budget.deeper(0.3)
 
 
 def test_children_carry_the_q_they_were_drawn_from(tiny_pair):

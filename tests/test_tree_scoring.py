@@ -132,6 +132,35 @@ def test_tree_logits_equal_fresh_forward_of_each_path(model_and_lm, shape, tiny_
         assert torch.isneginf(got_warm[:, outside]).all()
 
 
+@pytest.mark.parametrize("model_and_lm", ["target", "draft_reduced_head", "target_eager", "llama"], indirect=True)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_tree_grown_depth_by_depth_scores_each_node_as_a_fresh_forward(model_and_lm, shape, tiny_pair):
+    """tree_root then one grow_tree per depth (only that depth's nodes fed, their ancestors already cached):
+    every row equals the fresh forward of committed + its path; a node given the wrong ancestors does not; and
+    the next sync leaves the cache of the committed text alone."""
+    model, lm, columns = model_and_lm
+    v = tiny_pair.vocab_size
+    tree = make_tree(SHAPES[shape], v, seed=len(shape))
+    want = fresh_rows(model, COMMITTED, tree, v)
+    assert max_diff(lm.tree_root(COMMITTED), want[:1], columns) < 1e-4
+    depths, number = tree.depths, {}
+    for d in range(1, max(depths) + 1):
+        nodes = [i for i in range(tree.size) if depths[i] == d]
+        got = lm.grow_tree([int(tree.tokens[i]) for i in nodes],
+                           [number[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in nodes])
+        for i in nodes:
+            number[i] = len(number)
+        assert max_diff(got, want[[i + 1 for i in nodes]], columns) < 1e-4, (shape, d)
+    deep = max(range(tree.size), key=lambda i: depths[i])
+    if depths[deep] > 1:  # the deepest node fed again as a child of the root: other ancestors, other logits
+        lm.tree_root(COMMITTED)
+        wrong = lm.grow_tree([int(tree.tokens[deep])], [-1])
+        assert max_diff(wrong, want[deep + 1 : deep + 2], columns) > 1e-3
+    lm.sync(COMMITTED + [3])
+    assert lm.ids == COMMITTED and lm.cache.get_seq_length() == len(COMMITTED)
+    assert max_diff(lm.logits_after(COMMITTED + [3]), fresh(model, COMMITTED + [3], v)[None], columns) < 1e-4
+
+
 @pytest.mark.parametrize("model_and_lm", ["target", "draft", "target_eager"], indirect=True)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_broken_mask_is_caught(model_and_lm, shape, tiny_pair):

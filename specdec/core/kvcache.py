@@ -152,16 +152,17 @@ def visibility_mask(cached: torch.Tensor, visible: torch.Tensor, positions: torc
     """The one attention-mask builder: additive [B, 1, n, width] in `dtype` (0 visible, finfo(dtype).min hidden) for
     n fed tokens after L cached slots, never more than the n new rows.
 
-    cached [B, L] bool: which cached slots hold the row's text (False: a hole); visible [B, n, n] bool: which fed
+    cached [B, L] bool: which cached slots hold the row's text (False: a hole), or [B, n, L]: which cached slots each
+    fed token sees (a tree grown depth by depth: a node sees its ancestors' slots, not its cousins'); visible [B, n, n] bool: which fed
     tokens each fed token sees; positions [B, n]: the fed tokens' position ids; key_positions [B, L]: the cached
     slots'. With a sliding `window` a query also hides the keys `window` or more positions back (as
     masking_utils.sliding_window_overlay: visible where kv > q - window). Columns L + n .. width (a static cache's
     slots past the text) are hidden.
     """
     b, n = positions.shape
-    cols = int(cached.shape[1]) + n
+    cols = int(cached.shape[-1]) + n
     keep = torch.zeros(b, n, width or cols, dtype=torch.bool, device=positions.device)
-    keep[:, :, : cols - n] = cached[:, None, :]
+    keep[:, :, : cols - n] = cached[:, None, :] if cached.dim() == 2 else cached
     keep[:, :, cols - n : cols] = visible
     if window is not None:
         kpos = torch.cat([key_positions, positions], 1)
@@ -279,14 +280,16 @@ class CachedLM:
 
     @torch.inference_mode()
     def score(self, ids: torch.Tensor, positions: torch.Tensor | None = None, visible: torch.Tensor | None = None,
-              pad: torch.Tensor | None = None, n_logits: int | None = None, all_columns: bool = True) -> torch.Tensor:
+              pad: torch.Tensor | None = None, n_logits: int | None = None, all_columns: bool = True,
+              sees: torch.Tensor | None = None) -> torch.Tensor:
         """Feed ids [B, n]; logits [B, n_logits, V] of the last n_logits fed tokens (all n by default).
 
         positions [B, n]: each fed token's position id (None: each row's next positions, counting only real
         tokens); visible [B, n, n] (or [n, n]) bool: which fed tokens each one attends to besides the row's cached
         text (None: causal); pad [B, n] bool: fed tokens that are not text (a row's padding, or a stopped row's
         filler), seen by no query and holes in the cache from the start. With none of the three and no holes, the
-        pass is the causal fast path (no mask). The fed slots stay cached until a keep call changes them.
+        pass is the causal fast path (no mask). sees [B, n, L] bool: which cached slots each fed token may see
+        (None: all of its row's text). The fed slots stay cached until a keep call changes them.
         """
         b, n = ids.shape
         n_logits = n if n_logits is None else n_logits
@@ -305,8 +308,8 @@ class CachedLM:
             if real is not None:
                 real = torch.cat([real, torch.zeros(b, extra, dtype=torch.bool, device=self.device)], 1)
         mask = None
-        if visible is not None or real is not None or self.valid is not None:
-            mask = self._mask(b, positions, visible, real)
+        if visible is not None or real is not None or self.valid is not None or sees is not None:
+            mask = self._mask(b, positions, visible, real, sees)
         logits = self._forward(ids, positions, mask, n, n_logits, all_columns)
         self._appended(b, real, positions)
         if extra:
@@ -322,7 +325,7 @@ class CachedLM:
         return self.model.base_model
 
     def _mask(self, b: int, positions: torch.Tensor, visible: torch.Tensor | None,
-              real: torch.Tensor | None) -> torch.Tensor | dict:
+              real: torch.Tensor | None, sees: torch.Tensor | None = None) -> torch.Tensor | dict:
         n, dev = positions.shape[1], self.device
         if visible is None:
             visible = torch.ones(n, n, dtype=torch.bool, device=dev).tril_()
@@ -331,6 +334,8 @@ class CachedLM:
             visible = (visible & real[:, None, :]) | torch.eye(n, dtype=torch.bool, device=dev)
         cached = (self.valid if self.valid is not None
                   else torch.ones(b, self.width, dtype=torch.bool, device=dev))
+        if sees is not None:
+            cached = cached[:, None, :] & sees.to(device=dev, dtype=torch.bool)
         kpos = (self.kpos if self.kpos is not None
                 else torch.arange(self.width, device=dev)[None].expand(b, -1))
         width = self.mask_width(n)
@@ -504,6 +509,48 @@ class CachedLM:
         logits = self.score(inp, positions[None], block[None], n_logits=n + 1, all_columns=all_columns)[0]
         self.ids.extend(tail)
         self._tree = (nodes, list(tree.parents))
+        return logits
+
+    @torch.inference_mode()
+    def tree_root(self, committed: list[int], all_columns: bool = True) -> torch.Tensor:
+        """Start a tree grown depth by depth (`grow_tree`): sync to `committed` and feed its unseen tail; logits
+        [1, V] after the committed text. The cache then holds the whole committed text, and every node grow_tree
+        adds follows it until the next sync, feed or crop drops them all."""
+        logits = self.logits_after(committed, n_logits=1, all_columns=all_columns)
+        self._tree = ([], [])
+        return logits
+
+    @torch.inference_mode()
+    def grow_tree(self, tokens: list[int], parents: list[int], all_columns: bool = True) -> torch.Tensor:
+        """Add k nodes to the tree begun by tree_root and score only them: logits [k, V], row j after node j.
+
+        parents[j]: the number of a node added by an earlier grow_tree call (in the order added, from 0), or -1
+        for a child of the last committed token. Node j sits at position (last committed position + its depth)
+        and sees the committed text, its ancestors' slots and itself -- never a sibling, a cousin or another node
+        of this call -- so each depth of a tree costs one pass as wide as its new nodes, not the whole tree again.
+        """
+        if self._tree is None:
+            raise RuntimeError("grow_tree needs a tree begun by tree_root, with no cache change since")
+        nodes, pars = self._tree
+        k, base, old = len(tokens), len(self.ids), len(nodes)
+        depth = [0] * old
+        for j, par in enumerate(pars):
+            depth[j] = 1 if par < 0 else depth[par] + 1
+        sees = torch.zeros(1, k, base + old, dtype=torch.bool)
+        sees[:, :, :base] = True
+        positions = []
+        for j, par in enumerate(parents):
+            if not -1 <= par < old:
+                raise ValueError(f"grow_tree: parent {par} is not a node of the tree so far ({old} nodes)")
+            positions.append(base + (0 if par < 0 else depth[par]))
+            while par >= 0:
+                sees[0, j, base + par] = True
+                par = pars[par]
+        inp = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        eye = torch.eye(k, dtype=torch.bool, device=self.device)[None]
+        logits = self.score(inp, torch.tensor([positions], device=self.device), eye, n_logits=k,
+                            all_columns=all_columns, sees=sees.to(self.device))[0]
+        self._tree = (nodes + [int(t) for t in tokens], pars + [int(p) for p in parents])
         return logits
 
     @torch.inference_mode()

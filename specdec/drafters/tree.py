@@ -118,36 +118,38 @@ def path_confidence(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def draft_dynamic_tree(lm: CachedLM, committed: list[int], widths: list[int], cfg: SamplingConfig,
-                       budget=None, stop_ids=()) -> tuple[TokenTree, list[float]]:
-    """EAGLE-2's dynamic tree from the draft model: (the tree, each node's path probability).
+                       budget: "TreeBudget | None" = None, stop_ids=()) -> tuple[TokenTree, list[float], int]:
+    """EAGLE-2's dynamic tree from the draft model: (the tree, each node's path probability, draft passes run).
 
     Depth 0 takes the root's widths[0] likeliest children. Depth i > 0 expands the widths[i] nodes of the last
     depth with the highest path probability (the product of the draft's probabilities from the root, in
     `path_confidence`), widths[i] top-k children each; one draft pass scores the expanded nodes (only them: the
     pass stays narrow however many candidates there are). Then every candidate is ranked by path probability and
-    the best `budget(sorted path probabilities)` are kept (None: all, at most MAX_TREE_NODES); a child never ranks
-    above its parent, so the kept nodes form a tree. End-of-text candidates are never expanded.
+    the best `budget.keep(sorted path probabilities)` are kept (no budget: all, at most MAX_TREE_NODES); a child
+    never ranks above its parent, so the kept nodes form a tree. A depth is drafted only while `budget.deeper(gain)`
+    says the tokens it can add (at most the summed path probability of the nodes it would expand) are worth a
+    draft pass. End-of-text candidates are never expanded.
     """
     tokens: list[int] = []  # every candidate, parents before children
     parents: list[int] = []
     score: list[float] = []  # log path probability
-    expanded: list[int] = []  # candidates expanded so far (ancestors of the next depth), in order
+    fed: dict[int, int] = {}  # candidate -> its node number in the draft's grown tree (the expanded ones)
     frontier = [ROOT]
     stops = set(int(t) for t in stop_ids)
+    passes = 0
     for depth, width in enumerate(widths):
+        passes += 1
         if depth == 0:
-            rows = lm.logits_after(committed)[-1:]
+            rows = lm.tree_root(committed)
         else:
             order = sorted((c for c in frontier if tokens[c] not in stops), key=lambda c: (-score[c], c))[:width]
-            if not order:
+            if not order or (budget is not None and not budget.deeper(sum(math.exp(score[c]) for c in order))):
+                passes -= 1
                 break
-            expanded = sorted(expanded + order)
-            pos = {c: j for j, c in enumerate(expanded)}
-            sub = TokenTree(torch.tensor([tokens[c] for c in expanded], device=lm.device),
-                            [pos[parents[c]] if parents[c] != ROOT else ROOT for c in expanded],
-                            OneHot(torch.tensor([tokens[c] for c in expanded], device=lm.device), lm.vocab_size))
-            logits = lm.logits_for_tree(committed, sub)
-            rows = logits[[pos[c] + 1 for c in order]]
+            rows = lm.grow_tree([tokens[c] for c in order],
+                                [fed[parents[c]] if parents[c] != ROOT else ROOT for c in order])
+            for c in order:
+                fed[c] = len(fed)
             frontier = order
         conf = path_confidence(rows, cfg)
         grown = []
@@ -166,27 +168,35 @@ def draft_dynamic_tree(lm: CachedLM, committed: list[int], widths: list[int], cf
     probs = [math.exp(score[c]) for c in ranked]
     n = min(len(ranked), MAX_TREE_NODES)
     if budget is not None and ranked:
-        n = max(1, min(n, int(budget(probs[:n]))))
+        n = max(1, min(n, int(budget.keep(probs[:n]))))
     kept = sorted(ranked[:n])  # creation order: parents first, siblings by confidence
     pos = {c: j for j, c in enumerate(kept)}
     ids = torch.tensor([tokens[c] for c in kept], dtype=torch.long, device=lm.device)
     tree = TokenTree(ids, [pos[parents[c]] if parents[c] != ROOT else ROOT for c in kept], OneHot(ids, lm.vocab_size))
-    return tree, [math.exp(score[c]) for c in kept]
+    return tree, [math.exp(score[c]) for c in kept], passes
 
 
 class TreeBudget:
-    """How many of a dynamic tree's candidates to verify: the n with the most expected tokens per unit of round
-    time, E(n) / (1 + rho n), where E(n) = 1 + the sum of the n best path probabilities (each node's chance of
-    being accepted, as the draft sees it: EAGLE-2's value of a tree) and rho the measured cost of one more verified
-    node against a round that verifies none (`gain.WidthCost`, from this run's own rounds: width is nearly free
-    on some CPUs and costs ~10 ms a node on others)."""
+    """What a dynamic tree is worth on this machine, from this run's own rounds.
+
+    keep(probs): how many candidates to verify -- the n with the most expected tokens per unit of round time,
+    E(n) / (1 + rho n), where E(n) = 1 + the sum of the n best path probabilities (each node's chance of being
+    accepted, as the draft sees it: EAGLE-2's value of a tree) and rho the measured cost of one more verified node
+    against a round that verifies none (`gain.WidthCost`: width is nearly free on some CPUs and costs ~10 ms a
+    node on others).
+    deeper(gain): whether one more draft pass (its measured ms) buys its cost in tokens: at most `gain` more
+    accepted tokens, each worth this run's measured ms per committed token. Until a round has been measured,
+    every depth is drafted.
+    """
 
     def __init__(self):
-        from specdec.drafters.gain import WidthCost
+        from specdec.drafters.gain import TIME_DECAY, WidthCost
 
         self.timing = WidthCost()
+        self.decay = TIME_DECAY
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # decayed: draft ms, draft passes, round ms, committed tokens
 
-    def __call__(self, probs: list[float]) -> int:
+    def keep(self, probs: list[float]) -> int:
         rho = self.timing.per_token()
         best, best_rate, tokens = 1, -1.0, 1.0
         for n, s in enumerate(probs, 1):
@@ -196,9 +206,20 @@ class TreeBudget:
                 best, best_rate = n, rate
         return best
 
-    def observe(self, rnd, nodes: int) -> None:
-        """A finished round (its chain view, `Round`) that verified `nodes` tree nodes."""
+    def deeper(self, gain: float) -> bool:
+        draft_ms, passes, round_ms, tokens = self._sums
+        if passes <= 0 or tokens <= 0:
+            return True
+        return gain * round_ms / tokens >= draft_ms / passes
+
+    def observe(self, rnd, nodes: int, passes: int) -> None:
+        """A finished round (its chain view, `Round`) that verified `nodes` tree nodes after `passes` draft passes."""
         self.timing.observe(rnd, nodes)
+        if rnd.index > 0 and passes > 0:  # round one also ran the prompt
+            self._sums = [self.decay * v for v in self._sums]
+            for j, v in enumerate((rnd.draft_ms, passes, rnd.round_ms or (rnd.draft_ms + rnd.verify_ms),
+                                   len(rnd.committed_ids))):
+                self._sums[j] += v
 
 
 def _rows(qs: list):

@@ -108,7 +108,8 @@ class TreeDecoder:
         left = self.settings.max_new_tokens - len(self.generated_ids)
         widths = self.widths[: max(1, left - 1)]  # deeper than the budget is wasted work
         if self.budget is not None:
-            tree, _ = draft_dynamic_tree(self.draft, self.ids, widths, cfg, self.budget, self.pair.eos_token_ids)
+            tree, _, self._passes = draft_dynamic_tree(self.draft, self.ids, widths, cfg, self.budget,
+                                                       self.pair.eos_token_ids)
         elif self.drafter is None:
             tree = draft_tree(self.draft, self.ids, widths, self.mode, cfg, self.gen)
         else:
@@ -151,4 +152,4 @@ class TreeDecoder:
         self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round.round_ms
         rnd.round.totals = replace(self.totals)
         if self.budget is not None:
-            self.budget.observe(rnd.round, rnd.tree.size)
+            self.budget.observe(rnd.round, rnd.tree.size, self._passes)
