@@ -7,6 +7,8 @@ No real weights travel to the device machine (64 MiB upload), so:
   * exactness runs on the tiny random-weight pair, in fp32 and bf16: greedy equality of speculative vs plain
     decoding, a chi-square of the first emitted token of many independent rounds against the target's exact
     distribution, and a cache rollback check (crop then refeed == one fresh pass);
+  * token trees: greedy equality of top-k and dynamic tree rounds with plain greedy (tiny pair), and the cost of a
+    masked tree pass against a causal pass of as many tokens, and of a draft depth grown on the cache;
   * timings run on random-weight models built from the real Qwen2.5-Coder 1.5B (target) and 0.5B (draft) configs
     (weights do not change the cost of a forward pass): a target pass over k = 1..16 new tokens after a
     128-token prefix, a draft pass (reduced and full vocabulary head), c, plain per-token costs, and the loop's
@@ -170,14 +172,14 @@ def exactness(dev: torch.device, dtype_name: str, cfg) -> dict:
     other = load_pair(target="tiny:target:1", draft="tiny:draft:1", dtype=dtype_name, device=str(dev), shared=False)
     unrelated = replace(pair, draft=other.draft, draft_id=other.draft_id)
     t0 = time.perf_counter()
-    res = {"greedy": check_greedy(pair, cfg), "first_token": check_first_token(unrelated, cfg),
-           "rollback": check_rollback(pair, pair.dtype)}
+    res = {"greedy": check_greedy(pair, cfg), "tree_greedy": check_tree_greedy(pair, cfg),
+           "first_token": check_first_token(unrelated, cfg), "rollback": check_rollback(pair, pair.dtype)}
     res["seconds"] = time.perf_counter() - t0
-    g, c = res["greedy"], res["first_token"]
+    g, c, t = res["greedy"], res["first_token"], res["tree_greedy"]
     # bf16 is not bit-exact between a 1-token and a k-token pass (different kernels/reductions): greedy equality
     # is required in fp32 only; in bf16 it is reported.
     res["ok"] = bool(
-        (g["equal"] == g["of"] or dtype_name != "float32")
+        ((g["equal"] == g["of"] and t["equal"] == t["of"]) or dtype_name != "float32")
         and c["p_value"] >= cfg.p_min and c["outside_support"] == 0
         and all(r["ok"] for r in res["rollback"].values())
     )
@@ -264,6 +266,64 @@ def pass_costs(pair, cfg) -> dict:
         # what a round pays at gamma: gamma draft steps and one target pass over gamma + 1 tokens
         "round_model_ms_by_gamma": {g: g * draft_reduced + target[g + 1] for g in cfg.ks if g + 1 in target},
     }
+
+
+def tree_costs(pair, cfg) -> dict:
+    """Token trees on this device: the target scoring n tree nodes in one masked pass against a causal pass of n
+    tokens (same prefix), and the draft growing a tree one depth at a time (`CachedLM.grow_tree`: a pass as wide
+    as the depth's new nodes), median ms."""
+    from specdec.core.kvcache import CachedLM
+    from specdec.core.sampling import OneHot
+    from specdec.core.tree import TokenTree
+
+    prefix, new = random_ids(pair, cfg, max(cfg.tree_nodes))
+    out = {"target_tree_ms": {}, "target_causal_ms": {}, "draft_grow_ms_by_width": {}}
+    lm = CachedLM(pair.target, pair.vocab_size)
+    lm.logits_after(prefix)
+    for n in cfg.tree_nodes:
+        ids = torch.tensor(new[:n], device=lm.device)
+        tree = TokenTree(ids, [-1] + [max(-1, i - 3) for i in range(1, n)], OneHot(ids, pair.vocab_size))
+
+        def scored_tree():
+            lm.logits_for_tree(prefix, tree)
+            lm.sync(prefix)
+
+        def causal():
+            lm.logits_after(prefix, new[:n], n_logits=n)
+            lm.sync(prefix)
+
+        for fn in (scored_tree, causal):  # untimed first passes (allocation, kernel choice)
+            fn()
+        out["target_tree_ms"][n] = med(timed_ms(scored_tree, lm.device, cfg.reps))
+        out["target_causal_ms"][n] = med(timed_ms(causal, lm.device, cfg.reps))
+    draft = CachedLM(pair.draft, pair.vocab_size)
+    for w in cfg.tree_widths:
+        def grow():
+            draft.tree_root(prefix)
+            draft.grow_tree(new[:w], [-1] * w)
+            draft.sync(prefix)
+
+        grow()
+        out["draft_grow_ms_by_width"][w] = med(timed_ms(grow, draft.device, cfg.reps))
+    return out
+
+
+def check_tree_greedy(pair, cfg) -> dict:
+    """Greedy equality of tree rounds (fixed top-k and dynamic trees) with plain greedy decoding."""
+    from specdec.core.settings import DecodeSettings
+    from specdec.loop.plain import plain_decode
+    from specdec.loop.tree import TreeDecoder
+
+    rows = []
+    for prompt in PROMPTS[: cfg.prompts]:
+        for widths, mode in (((3, 2, 1), "top-k"), ((4, 4, 4, 4), "dynamic")):
+            s = DecodeSettings(max_new_tokens=cfg.greedy_tokens)
+            plain = plain_decode(pair, prompt, s).ids
+            dec = TreeDecoder(pair, prompt, s, widths, mode)
+            list(dec)
+            rows.append({"prompt": prompt, "mode": mode, "widths": list(widths),
+                         "equal": dec.generated_ids == plain, "rounds": len(dec.rounds)})
+    return {"runs": rows, "equal": sum(r["equal"] for r in rows), "of": len(rows)}
 
 
 @torch.inference_mode()
@@ -438,7 +498,8 @@ def timings(dev: torch.device, cfg) -> dict:
     t0 = time.perf_counter()
     pair = random_pair(dev, dtype, cfg.short)
     built = time.perf_counter() - t0
-    res = {"dtype": str(dtype).replace("torch.", ""), "build_seconds": built, "passes": pass_costs(pair, cfg)}
+    res = {"dtype": str(dtype).replace("torch.", ""), "build_seconds": built, "passes": pass_costs(pair, cfg),
+           "trees": tree_costs(pair, cfg)}
     steps = measure_step_costs(pair, n_tokens=cfg.step_tokens)
     res["plain_step_ms"] = {"target": steps.target_ms, "draft": steps.draft_ms,
                             "c_plain": steps.draft_ms / steps.target_ms if steps.target_ms else None}
@@ -470,6 +531,8 @@ class Config:
         self.step_tokens = 4 if short else 16
         self.overhead_tokens = 10 if short else 48
         self.probe_repeats = 1 if short else 3
+        self.tree_nodes = (9, 17) if short else (9, 17, 33, 64)
+        self.tree_widths = (1, 4) if short else (1, 4, 8, 16)
 
 
 def environment(dev: torch.device) -> dict:

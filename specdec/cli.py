@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from specdec.core.errors import SpecDecError
-from specdec.core.settings import DRAFTERS, ENGINES, VERIFY_MODES
+from specdec.core.settings import DRAFTERS, ENGINES, TREE_MODES, VERIFY_MODES
 from specdec.models.quant import QUANT_MODES
 
 
@@ -90,9 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "each depth, e.g. 3,2,1 (one target pass scores every node); with --drafter ngram or predicted "
                    "the tree is copied, a branch per distinct continuation, within the shape's depth (its length) "
                    "and node count, e.g. 4,1,1,1,1,1 for up to four branches of six tokens")
-    g.add_argument("--tree-mode", default="top-k", choices=["top-k", "sampled", "distinct"],
-                   help="how a node's children are chosen: the draft's likeliest ids (one-hot q), i.i.d. samples, or "
-                        "samples without replacement")
+    g.add_argument("--tree-mode", default="top-k", choices=list(TREE_MODES),
+                   help="how a node's children are chosen: the draft's likeliest ids (one-hot q), i.i.d. samples, "
+                        "samples without replacement, or dynamic: the tree shaped by the draft's confidence (at each "
+                        "depth the w likeliest paths get w children each; a round keeps as many nodes, and drafts as "
+                        "many depths, as this run's measured costs say pay; one-hot q)")
     g.add_argument("--compare", action="store_true", help="also run plain target decoding and report the speedup")
     g.add_argument("--json", action="store_true", help="one JSON object per round, then a summary object")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from components import learn as view
 from specdec.core.settings import DecodeSettings
 from specdec.learn.examples import example_rounds
@@ -48,10 +50,11 @@ def test_a_chain_round_keeps_the_chain_walkthrough():
     assert rnd.tree is None and view.walk_steps(rnd) == view.N_STEPS
 
 
-def test_the_learn_tab_walks_a_recorded_tree_round(no_eos):
+@pytest.mark.parametrize("widths,mode", [((2, 2), "top-k"), ((3, 3, 3), "dynamic")])
+def test_the_learn_tab_walks_a_recorded_tree_round(no_eos, widths, mode):
     from ui import learn_tab  # imported here, not at collection: another test reloads it under a fake `spaces`
 
-    run = TreeRun(TreeDecoder(no_eos, "def add(a, b):", DecodeSettings(max_new_tokens=8), (2, 2), "top-k"))
+    run = TreeRun(TreeDecoder(no_eos, "def add(a, b):", DecodeSettings(max_new_tokens=8), widths, mode))
     list(run)
     records = [run.record()]
     choice = learn_tab.round_choices(records)[-1][1]

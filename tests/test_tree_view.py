@@ -167,10 +167,10 @@ def test_untrusted_pieces_are_escaped():
 # ------------------------------------------------------------------------------------------------ engine + trace
 
 
-@pytest.fixture(scope="module")
-def tree_run(tiny_pair):
+@pytest.fixture(scope="module", params=[((3, 2, 1), "sampled"), ((3, 3, 3), "dynamic")], ids=["sampled", "dynamic"])
+def tree_run(tiny_pair, request):
     s = DecodeSettings(max_new_tokens=20, sampling=SamplingConfig(0.9, 0, 1.0), seed=2)
-    run = TreeRun(TreeDecoder(tiny_pair, "Hello world", s, (3, 2, 1), "sampled"))
+    run = TreeRun(TreeDecoder(tiny_pair, "Hello world", s, *request.param))
     list(run)
     return run
 

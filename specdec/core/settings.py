@@ -12,6 +12,7 @@ from specdec.core.sampling import SamplingConfig
 from specdec.core.verify import VERIFY_MODES
 
 MAX_GAMMA = 32
+TREE_MODES = ("top-k", "sampled", "distinct", "dynamic")  # how a draft-model tree's children are chosen (drafters.tree)
 MAX_TREE_NODES = 64  # nodes one token tree may hold: what the tree drafters build and a trace's tree round carries
 # How chain passes run (specdec.core.static_cache): transformers' dynamic cache, a preallocated static cache with
 # eager passes, or that cache with compiled passes.

@@ -29,12 +29,11 @@ import torch
 
 from specdec.core.errors import InvalidInputError, whole_number
 from specdec.core.kvcache import CachedLM
-from specdec.core.settings import MAX_TREE_NODES
+from specdec.core.settings import MAX_TREE_NODES, TREE_MODES
 from specdec.core.sampling import OneHot, SamplingConfig, cat_rows, dense, distribution, sample
 from specdec.core.stop import cut_at_stop
 from specdec.core.tree import ROOT, TokenTree
 
-TREE_MODES = ("top-k", "sampled", "distinct", "dynamic")
 
 
 def check_widths(widths, mode: str) -> list[int]:
