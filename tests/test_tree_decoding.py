@@ -134,7 +134,7 @@ def test_a_dynamic_tree_keeps_its_likeliest_candidates_as_a_tree(tiny_pair):
 
     tree, probs, passes = tree_mod.draft_dynamic_tree(lm, committed, [3, 3, 2], SamplingConfig(), Budget())
     assert tree.size == 7 == len(probs) and len(seen) == 1 and passes == 3
-    assert seen[0] == sorted(seen[0], reverse=True) and 3 + 3 * 3 <= len(seen[0]) + 2 * 3  # 3 + 9 + 4 candidates
+    assert seen[0] == sorted(seen[0], reverse=True) and len(seen[0]) == 3 + 3 * 3 + 2 * 2  # candidates per depth
     for i, parent in enumerate(tree.parents):
         assert parent < i and (parent == -1 or probs[i] <= probs[parent] + 1e-12)
     for node in [-1] + list(range(tree.size)):

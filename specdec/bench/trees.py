@@ -1,10 +1,10 @@
 """Chains against token trees: `python -m specdec bench --tree`.
 
-On the bench's prompt kinds (code, prose, chat and the input-grounded set), greedy and sampled (T = 0.7), one
-run interleaves and rotates (bench.harness): our plain decoding, the draft model's chain (γ 4) against its top-k
-trees and its confidence-shaped (dynamic) tree, and prompt lookup's chain (γ 32) against its copy tree (a branch per distinct earlier continuation). Per
-group: tokens per target pass, draft and verify ms per round, and the measured speedup over our plain decoding,
-plus transformers' assisted generation (γ 4) on the same prompts for the best-vs-best column.
+On the bench's prompt kinds (code, prose, chat and the input-grounded set), greedy and sampled (T = 0.7), one run
+interleaves and rotates (bench.harness): our plain decoding, the draft model's chain (γ 4) against its top-k trees and
+its confidence-shaped (dynamic) tree, and prompt lookup's chain (γ 32) against its copy tree (a branch per distinct
+earlier continuation). Per group: tokens per target pass, draft and verify ms per round, and the measured speedup over
+our plain decoding, plus transformers' assisted generation (γ 4) on the same prompts for the best-vs-best column.
 """
 
 from __future__ import annotations

@@ -153,11 +153,11 @@ def visibility_mask(cached: torch.Tensor, visible: torch.Tensor, positions: torc
     n fed tokens after L cached slots, never more than the n new rows.
 
     cached [B, L] bool: which cached slots hold the row's text (False: a hole), or [B, n, L]: which cached slots each
-    fed token sees (a tree grown depth by depth: a node sees its ancestors' slots, not its cousins'); visible [B, n, n] bool: which fed
-    tokens each fed token sees; positions [B, n]: the fed tokens' position ids; key_positions [B, L]: the cached
-    slots'. With a sliding `window` a query also hides the keys `window` or more positions back (as
-    masking_utils.sliding_window_overlay: visible where kv > q - window). Columns L + n .. width (a static cache's
-    slots past the text) are hidden.
+    fed token sees (a tree grown depth by depth: a node sees its ancestors' slots, not its cousins');
+    visible [B, n, n] bool: which fed tokens each fed token sees; positions [B, n]: the fed tokens' position ids;
+    key_positions [B, L]: the cached slots'. With a sliding `window` a query also hides the keys `window` or more
+    positions back (as masking_utils.sliding_window_overlay: visible where kv > q - window). Columns L + n .. width
+    (a static cache's slots past the text) are hidden.
     """
     b, n = positions.shape
     cols = int(cached.shape[-1]) + n

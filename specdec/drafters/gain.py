@@ -98,6 +98,11 @@ class CopyGain:
         self.timing.observe(rnd, rnd.gamma)
 
 
+def round_ms(rnd) -> float:
+    """A finished round's wall time (draft + verify where the whole round was not clocked)."""
+    return rnd.round_ms or (rnd.draft_ms + rnd.verify_ms)
+
+
 class WidthCost:
     """w / T_0 learned from a run's own rounds: their wall time regressed on how many positions they verified
     (decayed by TIME_DECAY a round; leaning on PRIOR_WIDTH until the widths seen spread enough). Copy lengths
@@ -122,7 +127,7 @@ class WidthCost:
     def observe(self, rnd, width: int) -> None:
         """One finished Round that verified `width` positions besides the bonus; round one also ran the prompt and
         is left out."""
-        ms = rnd.round_ms or (rnd.draft_ms + rnd.verify_ms)
+        ms = round_ms(rnd)
         if rnd.index > 0 and ms > 0:
             x = float(width)
             self._t = [TIME_DECAY * v for v in self._t]

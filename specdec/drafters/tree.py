@@ -33,6 +33,7 @@ from specdec.core.settings import MAX_TREE_NODES, TREE_MODES
 from specdec.core.sampling import OneHot, SamplingConfig, cat_rows, dense, distribution, sample
 from specdec.core.stop import cut_at_stop
 from specdec.core.tree import ROOT, TokenTree
+from specdec.drafters.gain import TIME_DECAY, WidthCost, round_ms
 
 
 
@@ -122,8 +123,8 @@ def draft_dynamic_tree(lm: CachedLM, committed: list[int], widths: list[int], cf
 
     Depth 0 takes the root's widths[0] likeliest children. Depth i > 0 expands the widths[i] nodes of the last
     depth with the highest path probability (the product of the draft's probabilities from the root, in
-    `path_confidence`), widths[i] top-k children each; one draft pass scores the expanded nodes (only them: the
-    pass stays narrow however many candidates there are). Then every candidate is ranked by path probability and
+    `path_confidence`), widths[i] top-k children each; one draft pass scores just those nodes (`CachedLM.grow_tree`:
+    their ancestors are already in the draft's cache), so a pass is widths[i] wide however big the tree grows. Then every candidate is ranked by path probability and
     the best `budget.keep(sorted path probabilities)` are kept (no budget: all, at most MAX_TREE_NODES); a child
     never ranks above its parent, so the kept nodes form a tree. A depth is drafted only while `budget.deeper(gain)`
     says the tokens it can add (at most the summed path probability of the nodes it would expand) are worth a
@@ -137,19 +138,18 @@ def draft_dynamic_tree(lm: CachedLM, committed: list[int], widths: list[int], cf
     stops = set(int(t) for t in stop_ids)
     passes = 0
     for depth, width in enumerate(widths):
-        passes += 1
         if depth == 0:
             rows = lm.tree_root(committed)
         else:
             order = sorted((c for c in frontier if tokens[c] not in stops), key=lambda c: (-score[c], c))[:width]
             if not order or (budget is not None and not budget.deeper(sum(math.exp(score[c]) for c in order))):
-                passes -= 1
                 break
             rows = lm.grow_tree([tokens[c] for c in order],
                                 [fed[parents[c]] if parents[c] != ROOT else ROOT for c in order])
             for c in order:
                 fed[c] = len(fed)
             frontier = order
+        passes += 1
         conf = path_confidence(rows, cfg)
         grown = []
         for node, c in zip(frontier if depth else [ROOT], conf):
@@ -189,10 +189,7 @@ class TreeBudget:
     """
 
     def __init__(self):
-        from specdec.drafters.gain import TIME_DECAY, WidthCost
-
         self.timing = WidthCost()
-        self.decay = TIME_DECAY
         self._sums = [0.0, 0.0, 0.0, 0.0]  # decayed: draft ms, draft passes, round ms, committed tokens
 
     def keep(self, probs: list[float]) -> int:
@@ -215,9 +212,8 @@ class TreeBudget:
         """A finished round (its chain view, `Round`) that verified `nodes` tree nodes after `passes` draft passes."""
         self.timing.observe(rnd, nodes)
         if rnd.index > 0 and passes > 0:  # round one also ran the prompt
-            self._sums = [self.decay * v for v in self._sums]
-            for j, v in enumerate((rnd.draft_ms, passes, rnd.round_ms or (rnd.draft_ms + rnd.verify_ms),
-                                   len(rnd.committed_ids))):
+            self._sums = [TIME_DECAY * v for v in self._sums]
+            for j, v in enumerate((rnd.draft_ms, passes, round_ms(rnd), len(rnd.committed_ids))):
                 self._sums[j] += v
 
 

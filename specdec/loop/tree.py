@@ -1,11 +1,11 @@
 """Tree rounds: a drafter proposes a token tree, the target scores every node in one pass, `verify_tree` walks it
 from the root, and the target's cache (and the draft model's, when it drafted) keeps exactly the accepted path.
 
-Who drafts follows `settings.drafter`: "model" grows the tree from the draft model (`drafters.tree.draft_tree`,
-children per depth from `widths`, chosen by `mode`; mode "dynamic" shapes it by the draft's confidence instead,
-`draft_dynamic_tree`, keeping as many nodes as `TreeBudget` measures to pay); "ngram", "predicted" and "suffix" copy it from the text
-or the prediction (their `propose_tree`: a branch per distinct continuation, one-hot q), the widths then bounding its
-depth and node count (`drafters.tree.copy_tree_bounds`).
+Who drafts follows `settings.drafter`: "model" grows the tree from the draft model (`drafters.tree.draft_tree`, children
+per depth from `widths`, chosen by `mode`; mode "dynamic" shapes it by the draft's confidence instead,
+`draft_dynamic_tree`, keeping as many nodes as `TreeBudget` measures to pay); "ngram", "predicted" and "suffix" copy it
+from the text or the prediction (their `propose_tree`: a branch per distinct continuation, one-hot q), the widths then
+bounding its depth and node count (`drafters.tree.copy_tree_bounds`).
 
 Each round also becomes display events (`loop.tree_display`): `TreeRound.event`, the whole tree with p, q, the
 residual and u at every node, and `TreeRound.round`, the chain `Round` (accepted path as the guesses, the event
@@ -107,9 +107,10 @@ class TreeDecoder:
         cfg = self.settings.sampling
         left = self.settings.max_new_tokens - len(self.generated_ids)
         widths = self.widths[: max(1, left - 1)]  # deeper than the budget is wasted work
+        passes = 0
         if self.budget is not None:
-            tree, _, self._passes = draft_dynamic_tree(self.draft, self.ids, widths, cfg, self.budget,
-                                                       self.pair.eos_token_ids)
+            tree, _, passes = draft_dynamic_tree(self.draft, self.ids, widths, cfg, self.budget,
+                                                 self.pair.eos_token_ids)
         elif self.drafter is None:
             tree = draft_tree(self.draft, self.ids, widths, self.mode, cfg, self.gen)
         else:
@@ -127,6 +128,8 @@ class TreeDecoder:
             self.draft.keep_in_head(committed)
         rnd = TreeRound(tree, verdict, committed, self.stop_reason)
         self._display(rnd, p, widths, draft_ms, verify_ms, clock)
+        if self.budget is not None:
+            self.budget.observe(rnd.round, tree.size, passes)
         self.rounds.append(rnd)
         return rnd
 
@@ -151,5 +154,3 @@ class TreeDecoder:
         rnd.round.round_ms = clock.total()
         self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round.round_ms
         rnd.round.totals = replace(self.totals)
-        if self.budget is not None:
-            self.budget.observe(rnd.round, rnd.tree.size, self._passes)

@@ -273,8 +273,7 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
         _say(progress, f"quantizing the draft ({draft_quant})")
         check_quant_support(dt, pair.device, draft_quant)  # a device map may have put the draft elsewhere than `dev`
         quantize(pair.draft, draft_quant)
-        if pair.device.type == "cpu":
-            settle_dense_rows(pair.draft, say=lambda m: _say(progress, m))
+        settle_dense_rows(pair.draft, say=lambda m: _say(progress, m))
         pair.draft_quant = draft_quant
     if device_map is None and prepack_supported(dt, dev):
         _say(progress, "prepacking the linear layers for the CPU")
@@ -312,8 +311,7 @@ def quantized_draft_pair(pair: ModelPair, mode: str = "int8", dtype: torch.dtype
     dtype = dtype or pair.dtype
     check_quant_support(dtype, pair.device, mode)
     draft = quantize(copy.deepcopy(pair.draft), mode, dtype)
-    if pair.device.type == "cpu":
-        settle_dense_rows(draft)
+    settle_dense_rows(draft)
     label = mode if dtype == pair.dtype else f"{mode}:{str(dtype).replace('torch.', '')}"
     return dataclasses.replace(pair, draft=draft, draft_quant=label, leases=0)
 

@@ -427,15 +427,17 @@ def _cached_codes(identity: dict, layers) -> dict[str, dict[str, torch.Tensor]] 
 
 
 def _time_ms(fn, x: torch.Tensor, reps: int) -> float:
-    import time
+    """Best of `reps` timed calls of fn(x), after one untimed call."""
+    from specdec.core.clock import Stopwatch
 
     fn(x)
+    clock = Stopwatch(x.device)
     best = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
+        clock.lap()
         fn(x)
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+        best = min(best, clock.lap())
+    return best
 
 
 def measure_dense_rows(layers: list[PackedLinear], rows=CROSSOVER_ROWS, reps: int = 3) -> int:
