@@ -145,17 +145,30 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_pair_fp32():
+    """The embedded pair in float32 (~8 GB), loaded per module and dropped after it (see release_real_pairs)."""
     from specdec.models.pair import load_pair
 
     return load_pair("default", dtype="float32", device="cpu")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def release_real_pairs():
+    """After each module, drop every real (non-tiny) pair from the shared pair cache and trim the heap. The suite
+    starts the app on the embedded pair in a subprocess too (~8 GB): pairs kept in this process from earlier
+    modules (an fp32 pair, a bf16 one, quantized ones) would leave it no room on a 24 GB machine."""
+    yield
+    from specdec.models.pair import PAIR_CACHE
+
+    PAIR_CACHE.evict(lambda pair: not pair.target_id.startswith("tiny:"))
+
+
 REFERENCE_TOKENS = 24  # the longest reference the real-pair tests compare against
+_GREEDY_REFERENCES: dict[tuple[str, bool], tuple[list[int], int]] = {}  # kept for the run; the pair is not
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_greedy(real_pair_fp32):
     """greedy(prompt, n, chat=False): the first n token ids of plain greedy decoding (loop.plain) on the real fp32
     pair, decoded once per prompt for the whole run. Greedy decoding is deterministic and its first n tokens do
@@ -164,7 +177,7 @@ def real_greedy(real_pair_fp32):
     from specdec.core.settings import DecodeSettings
     from specdec.loop.plain import plain_decode
 
-    done: dict[tuple[str, bool], tuple[list[int], int]] = {}
+    done = _GREEDY_REFERENCES
 
     def greedy(prompt: str, n: int, chat: bool = False) -> list[int]:
         ids, asked = done.get((prompt, chat), ([], 0))

@@ -286,7 +286,9 @@ def build_verify_modes() -> None:
 
 def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
     """Lay out the five Learn sections and wire their events; call inside `with gr.Tab("Learn"):`."""
-    pair_name = os.environ.get("SPECDEC_PAIR", "default")
+    from .playground import env_request  # the pair the app opens on: one rule, in the playground
+
+    pair_name = env_request().name
     gr.HTML(f"<style>{_css()}</style>", elem_id="learn-style", padding=False)
     gr.HTML(zoo_css(), elem_id="learn-zoo-style", padding=False)
     gr.Markdown(

@@ -447,10 +447,15 @@ class PairCache:
 
     def clear(self) -> int:
         """Forget every pair, pinned ones included (tests; an app shutting down)."""
+        return self.evict(lambda pair: True)
+
+    def evict(self, which: Callable[[ModelPair], bool]) -> int:
+        """Forget every pair, pinned or not, for which `which(pair)` is true; how many went."""
         with self.lock:
-            evicted = list(self._pinned.values()) + list(self._recent.values())
-            self._pinned.clear()
-            self._recent.clear()
+            evicted = []
+            for held in (self._pinned, self._recent):
+                for key in [k for k, pair in held.items() if which(pair)]:
+                    evicted.append(held.pop(key))
         return self._release(evicted)
 
     def _release(self, evicted: list[ModelPair]) -> int:
@@ -501,8 +506,9 @@ def pair_lease(pair: ModelPair) -> Iterator[ModelPair]:
 
 
 def _pinned(name: str, custom: bool) -> bool:
-    """The pair an app starts with stays loaded: the process's first pair, and the SPECDEC_PAIR preset."""
-    return len(PAIR_CACHE) == 0 or (not custom and name == os.environ.get("SPECDEC_PAIR", "default"))
+    """The pair an app starts with stays loaded: the process's first pair, and the SPECDEC_PAIR preset where that
+    variable names one (unset, nothing else is pinned: every other pair is one of the most recently used)."""
+    return len(PAIR_CACHE) == 0 or (not custom and name == os.environ.get("SPECDEC_PAIR", "").strip())
 
 
 def pair_ids(name: str, target: str | None = None, draft: str | None = None) -> tuple[str, str]:
