@@ -166,6 +166,30 @@ def test_kernel_verdicts_are_probed_once_then_read_and_give_the_same_bits(store,
             assert torch.equal(layer(x[:rows]), torch.nn.functional.linear(x[:rows], layer.weight))
 
 
+def test_a_shape_whose_kernels_rarely_agree_frees_its_packed_copies_and_keeps_linears_bits(store, monkeypatch):
+    """A shape whose packed kernel agrees with F.linear at fewer than half of the common widths (here planted: only
+    at 12-16 rows of the first shape) drops its packed copies for good; every width then runs on F.linear, and a
+    shape that agrees at most widths keeps its packing."""
+    from specdec.models import prepack
+
+    monkeypatch.setattr(prepack, "_PROBED", {})
+    model = _packed_model()  # [80, 128] then [128, 128]
+    planted = lambda n, k, widths, bias, dtype: {w: n != 80 or w >= 12 for w in widths}  # noqa: E731
+    monkeypatch.setattr(prepack, "widths_agree", planted)
+    counts = prepack.check_widths(model, widths=range(1, 17))
+    rare, common = model
+    assert counts["freed"] == 1 and rare.packing_freed and not common.packing_freed
+    assert rare.packed is None and common.packed is not None
+    x = torch.randn(16, 128)
+    for rows in (1, 5, 12, 16):
+        assert not rare.same_bits(rows) and rare.packed is None  # never packed again
+        assert torch.equal(rare(x[:rows]), torch.nn.functional.linear(x[:rows], rare.weight))
+    monkeypatch.setattr(prepack, "widths_agree", lambda *a, **k: pytest.fail("probed again"))
+    monkeypatch.setattr(prepack, "_PROBED", {})  # a new process reads the same verdicts and frees the same layer
+    again = _packed_model(seed=1)
+    assert prepack.check_widths(again, widths=range(1, 17))["freed"] == 1 and again[0].packing_freed
+
+
 def test_a_corrupted_or_foreign_verdict_file_is_probed_again(store, monkeypatch):
     from specdec.models import prepack
 

@@ -99,3 +99,27 @@ def test_the_cli_check_compares_a_fresh_process_with_a_warm_one_on_the_tiny_pair
     assert _cli_first_run().main(["--pair", "tiny", "--examples", "1", "--max-new", "6", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["same_text"] and row["fresh_over_warm"] == row["fresh_speedup"] / row["warm_speedup"]
+
+
+def test_compare_times_plain_decoding_before_and_after_and_keeps_the_faster(monkeypatch, capsys):
+    """`generate --compare` decodes plainly once before the speculative run and once after it; the speedup is
+    against the faster of the two (here the second, planted 4x faster), and both decodes are the full length."""
+    from specdec import cli
+    from specdec.loop import plain
+
+    real, calls = plain.plain_decode, []
+
+    def timed(pair, prompt, settings, model="target"):
+        out = real(pair, prompt, settings, model)
+        calls.append((model, settings.max_new_tokens))
+        full = [c for c in calls if c == ("target", 12)]
+        slow = 40.0 if len(full) == 1 else 10.0  # ms per step: the first full plain decode is the slow one
+        return plain.BaselineResult(out.ids, out.text, [slow] * len(out.token_ms))
+
+    monkeypatch.setattr(plain, "plain_decode", timed)
+    assert cli.main(["generate", "--pair", "tiny", "--prompt", "hello hello", "--compare", "--json",
+                     "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert calls.count(("target", 12)) == 2
+    assert summary["baseline_tok_s"] == pytest.approx(100.0)  # 10 ms a step, not 40
+    assert summary["same_text"]

@@ -36,6 +36,10 @@ from specdec.models import disk_cache
 PREPACK_DTYPES = (torch.bfloat16,)  # fp32 measured no faster packed; fp16 is not packed for the CPU here
 PREPACK_ROWS = 64  # passes over more rows than this use F.linear (compute-bound: packing measured no gain)
 PREPACK_MIN_ROWS = 256  # select_rows packs a row subset of at least this many rows (fewer: plain weight rows)
+# The pass widths most runs are made of: a plain or a draft step (1 row) and a chain's verify (gamma + 1 <= 16). A
+# shape whose packed kernel gives F.linear's bits at fewer than half of them frees its packed copies (check_widths):
+# they would hold the layer's weights a second time for the few widths left.
+HOT_WIDTHS = range(1, 17)
 PREPACK_HINT = 1  # the batch size the weight is reordered for (a hint to oneDNN; every row count works)
 _PLAIN = ContextVar("specdec_plain_kernels", default=False)
 _PROBED: dict[tuple[int, int, int, bool], bool] = {}  # (N, K, rows, bias) -> the kernels add in the same order
@@ -151,10 +155,13 @@ def check_widths(model: nn.Module, widths=None, say=None) -> dict[str, int]:
     """Settle, before any run, which pass widths of every PrepackedLinear shape in `model` may use the packed
     kernel: verdicts read from the disk cache (this CPU, this torch build, this dtype) or probed now and written
     there; then each layer's own packing checked once. After this, no pass of at most PREPACK_ROWS rows runs a
-    check. Returns counts: verdicts read, probed, and layers checked."""
+    check. A shape whose kernels agree at fewer than half of the HOT_WIDTHS (those with a verdict) would use its
+    packed copies on few passes: those layers drop them and run on F.linear (on a Xeon with AMX the embedded
+    target's MLP down projection agrees at 12-23 rows only: 0.77 GB freed). Returns counts: verdicts read, probed,
+    layers checked, and layers whose packed copy was freed."""
     widths = list(widths or range(1, PREPACK_ROWS + 1))
     layers = [m for m in model.modules() if isinstance(m, PrepackedLinear)]
-    counts = {"read": 0, "probed": 0, "layers": 0}
+    counts = {"read": 0, "probed": 0, "layers": 0, "freed": 0}
     by_dtype: dict[torch.dtype, list[PrepackedLinear]] = {}
     for m in layers:
         by_dtype.setdefault(m.weight.dtype, []).append(m)
@@ -179,10 +186,23 @@ def check_widths(model: nn.Module, widths=None, say=None) -> dict[str, int]:
         counts["probed"] += fresh
         if fresh:
             disk_cache.write_json(path, identity, known)
+        rare = {(n, k, bias) for n, k, bias in shapes if not serves_hot_widths(known, n, k, bias)}
         for m in group:
+            if (m.out_features, m.in_features, m.bias is not None) in rare:
+                m.free_packing()
+                counts["freed"] += 1
             m.packing_ok()
             counts["layers"] += 1
+    if counts["freed"] and say:
+        say(f"{counts['freed']} layers run on F.linear: their packed kernel differs at most common pass widths")
     return counts
+
+
+def serves_hot_widths(known: dict[str, bool], n: int, k: int, bias: bool) -> bool:
+    """Whether the packed kernel of shape [n, k] agrees with F.linear at half or more of the HOT_WIDTHS that have a
+    verdict in `known` (none known: True, nothing speaks against it)."""
+    seen = [known[key] for w in HOT_WIDTHS if (key := _key(n, k, w, bias)) in known]
+    return 2 * sum(seen) >= len(seen)
 
 
 class PrepackedLinear(nn.Linear):
@@ -208,9 +228,7 @@ class PrepackedLinear(nn.Linear):
         if (torch.compiler.is_compiling()  # a compiled graph traces F.linear (inductor packs weights itself)
                 or rows > PREPACK_ROWS or x.dtype != self.weight.dtype or x.device.type != "cpu" or _PLAIN.get()):
             return nn.functional.linear(x, self.weight, self.bias)
-        if self.packed is None:
-            self.packed = _pack(self.weight)
-        if not self.same_bits(rows):
+        if not self.same_bits(rows):  # packs on the first narrow pass (packing_ok) unless freed for good
             return nn.functional.linear(x, self.weight, self.bias)
         return packed_linear(x.contiguous(), self.packed, self.bias)
 
@@ -243,6 +261,16 @@ class PrepackedLinear(nn.Linear):
             self._packing_ok = bool(torch.equal(packed_linear(x, self.packed, self.bias),
                                                 nn.functional.linear(x, self.weight, self.bias)))
         return self._packing_ok
+
+    def free_packing(self) -> None:
+        """Drop the packed copy for good: every pass then runs on F.linear (check_widths, for a rarely agreeing
+        shape)."""
+        self.packed = None
+        self._packing_ok = False
+
+    @property
+    def packing_freed(self) -> bool:
+        return self.packed is None and self._packing_ok is False
 
     def select_rows(self, rows) -> "PrepackedLinear | torch.Tensor":
         """The output rows `rows` (a slice or an index tensor) as a layer of their own, for a reduced vocabulary
