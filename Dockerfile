@@ -45,7 +45,7 @@ WORKDIR $HOME/app
 COPY --chown=user specdec/__init__.py specdec/
 COPY --chown=user specdec/core/__init__.py specdec/core/errors.py specdec/core/
 COPY --chown=user specdec/models/__init__.py specdec/models/embedded.py specdec/models/
-RUN python -c "from specdec.models.embedded import embedded_folder as f; f('qwen2.5-coder-0.5b-instruct'); f('qwen2.5-coder-1.5b-instruct')"
+RUN python -c "import torch; from specdec.models.embedded import EMBEDDED, embedded_folder as f; [f(s, dtype=d) for s in EMBEDDED for d in (torch.float32, torch.bfloat16)]"
 
 # 3. The application itself.
 COPY --chown=user . $HOME/app

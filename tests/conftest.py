@@ -89,9 +89,9 @@ def _guard_embedded_models() -> None:
     if getattr(pair.embedded_folder, "tier_guard", False):
         return
 
-    def embedded_folder(slug, progress=None):
+    def embedded_folder(slug, progress=None, *args, **kwargs):
         require_tier("slow", f"loads the embedded model {slug!r}")
-        return embedded_folder.wrapped(slug, progress)
+        return embedded_folder.wrapped(slug, progress, *args, **kwargs)
 
     embedded_folder.tier_guard, embedded_folder.wrapped = True, pair.embedded_folder
     pair.embedded_folder = embedded_folder

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -204,9 +205,12 @@ def test_conversion_step_builds_every_embedded_model(instructions, monkeypatch):
     assert words[:2] == ["python", "-c"], conv.args
     code = words[2]
     called = []
-    monkeypatch.setattr(specdec.models.embedded, "embedded_folder", lambda slug, progress=None: called.append(slug))
+    monkeypatch.setattr(specdec.models.embedded, "embedded_folder",
+                        lambda slug, progress=None, dtype=torch.float32: called.append((slug, dtype)))
     exec(compile(code, "<Dockerfile RUN>", "exec"), {})
-    assert sorted(called) == sorted(specdec.models.embedded.EMBEDDED)
+    # Every embedded model, in float32 and in bfloat16 (the CPU app's dtype: its copy is what a start reads).
+    assert sorted(called, key=str) == sorted(((slug, dtype) for slug in specdec.models.embedded.EMBEDDED
+                                              for dtype in (torch.float32, torch.bfloat16)), key=str)
 
 
 def test_conversion_layer_has_the_code_it_imports(instructions):

@@ -74,3 +74,20 @@ def test_cli_json_compare(real_pair_fp32, capsys):
     assert final["rounds"] == len(lines) - 1 and final["tokens"] == 8
     assert final["text"] == final["baseline_text"]
     assert 0 <= final["acceptance_rate"] <= 1 and 1 <= final["tokens_per_round"] <= 5
+
+
+def test_the_bf16_copy_of_an_embedded_model_holds_the_bits_its_float32_folder_loads_as():
+    """The bf16 folder a CPU start reads (embedded.cast_copy, made once) equals the float32 folder loaded with
+    dtype=bfloat16, tensor for tensor: keeping the copy changes only how many bytes a start reads."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.models.embedded import embedded_folder
+
+    slug = "qwen2.5-coder-0.5b-instruct"
+    full, copy = embedded_folder(slug), embedded_folder(slug, dtype=torch.bfloat16)
+    assert copy != full and (copy / "specdec.json").exists() and (copy / "tokenizer.json").exists()
+    cast = AutoModelForCausalLM.from_pretrained(str(full), dtype=torch.bfloat16).state_dict()
+    kept = AutoModelForCausalLM.from_pretrained(str(copy), dtype=torch.bfloat16).state_dict()
+    assert cast.keys() == kept.keys()
+    assert all(kept[k].dtype == torch.bfloat16 and torch.equal(cast[k], kept[k]) for k in cast)
+    assert embedded_folder(slug, dtype=torch.float32) == full

@@ -32,7 +32,9 @@ from specdec.models.pair import PAIRS, ModelPair, load_pair, pair_ids
 # How far a load has come, by the step its message names (specdec.models.pair and .embedded say each step): a first
 # start assembles and converts both embedded models (most of its minutes), a later one starts at "loading tokenizer".
 STEPS = (("assembling qwen2.5-coder-1.5b", 0.0, 0.10), ("converting qwen2.5-coder-1.5b", 0.10, 0.0),
+         ("copy of qwen2.5-coder-1.5b", 0.40, 0.0),
          ("assembling qwen2.5-coder-0.5b", 0.45, 0.05), ("converting qwen2.5-coder-0.5b", 0.50, 0.0),
+         ("copy of qwen2.5-coder-0.5b", 0.60, 0.0),
          ("loading tokenizer", 0.65, 0.0), ("loading target", 0.68, 0.0), ("loading draft", 0.78, 0.0),
          ("target and draft loaded", 0.81, 0.0), ("quantizing", 0.82, 0.0), ("prepacking", 0.88, 0.0),
          ("checking the packed kernels", 0.90, 0.0),

@@ -227,12 +227,14 @@ def _load_tokenizer(src: str):
         raise ModelLoadError(f"tokenizer for '{src}' could not be loaded: {exc}") from exc
 
 
-def _source(model_id: str, progress: Progress | None) -> str:
+def _source(model_id: str, progress: Progress | None, dtype: torch.dtype = torch.float32) -> str:
+    """Where a model loads from: a folder (embedded models: the converted one, in `dtype` where one is kept) or a
+    hub id."""
     if model_id.startswith("embedded:"):
         slug = model_id.split(":", 1)[1]
         if slug not in EMBEDDED:
             raise ModelLoadError(f"unknown embedded model '{slug}'; known: {', '.join(EMBEDDED)}")
-        return str(embedded_folder(slug, progress))
+        return str(embedded_folder(slug, progress, dtype))
     check_config(model_id)
     return str(Path(model_id).expanduser()) if _local(model_id) else model_id
 
@@ -333,8 +335,8 @@ def _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map=
         tgt, drf = tgt.to(device=dev, dtype=dt).eval(), drf.to(device=dev, dtype=dt).eval()
         return ModelPair(tgt, drf, tok, dev, dt, label, target_id, draft_id, len(tok), eos_ids(tok))
 
-    t_src = _source(target_id, progress)
-    d_src = _source(draft_id, progress)
+    t_src = _source(target_id, progress, dt)
+    d_src = _source(draft_id, progress, dt)
     _say(progress, f"loading tokenizer ({target_id})")
     tok = _load_tokenizer(t_src)
     draft_tok = tok if d_src == t_src else _load_tokenizer(d_src)

@@ -220,8 +220,8 @@ class PrepackedLinear(nn.Linear):
         self._packing_ok: bool | None = None  # packing_ok's verdict, once made
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "PrepackedLinear":
-        return cls(linear.weight, linear.bias)
+    def from_linear(cls, linear: nn.Linear, pack: bool = True) -> "PrepackedLinear":
+        return cls(linear.weight, linear.bias, pack)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(self.in_features, 1)
@@ -300,7 +300,8 @@ def prepack(model: nn.Module) -> int:
         for attr, child in list(parent.named_children()):
             if (type(child) is nn.Linear and child.bias is None and child.weight.dtype in PREPACK_DTYPES
                     and child.weight.device.type == "cpu"):
-                setattr(parent, attr, PrepackedLinear.from_linear(child))
+                # Packed by check_widths (which a pair load runs next), and only where the verdicts keep the packing.
+                setattr(parent, attr, PrepackedLinear.from_linear(child, pack=False))
                 swapped += 1
     return swapped
 
