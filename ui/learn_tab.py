@@ -8,7 +8,6 @@ the loaded ModelPair, or None while it is still loading.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path

@@ -14,8 +14,9 @@ matmul is compute-bound and packing gains nothing, so those passes keep `F.linea
 
 `prepack(model)` swaps every bias-free `nn.Linear` of a CPU model in bfloat16 for a `PrepackedLinear` that keeps the
 original weight (shared, not copied: the output head may be tied to the input embeddings) beside its packed copy, so a
-prepacked model holds its linear weights twice. The swap is made when a pair loads (`models.pair`, on a CPU in
-bfloat16; SPECDEC_PREPACK=0 turns it off). `plain_kernels()` runs the block inside it on `F.linear` again: the
+prepacked model holds its linear weights twice, except where `check_widths` (which packs the layers) finds the packed
+kernel usable at too few of the common widths and frees the copy. The swap is made when a pair loads (`models.pair`,
+on a CPU in bfloat16; SPECDEC_PREPACK=0 turns it off). `plain_kernels()` runs the block inside it on `F.linear` again: the
 benchmarks run transformers' own loops in it, so that "transformers" there means transformers as it ships.
 """
 
