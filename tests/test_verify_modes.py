@@ -416,3 +416,34 @@ def test_strict_tree_rounds_follow_the_target(no_eos, one_thread):
         list(dec)
         counts[cells.get(tuple(dec.generated_ids), len(cells))] += 1
     assert chi_square(counts, list(law.values()) + [0.0]).p_value > 1e-3
+
+
+@pytest.mark.parametrize("p_kind", ["dense", "onehot"])
+def test_block_residual_mass_of_a_one_hot_q_is_the_dense_sum(p_kind):
+    """residual_mass reads a one-hot q (copied or greedy guesses, an all-zero row among them) from row sums and one
+    gather; it must give the dense formula's s_i, sum_x max(0, w_i p_i(x) - q_i(x)), for dense and one-hot p,
+    including a row where the guess is p's own token and one where q has no token."""
+    from specdec.core.verify import residual_mass
+
+    g, vocab = 6, 50
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(vocab, (2, g), generator=gen)
+    ids[0, 3] = -1  # an all-zero q row
+    q = OneHot(ids, vocab)
+    if p_kind == "dense":
+        p = torch.softmax(torch.randn(2, g + 1, vocab, generator=gen), -1)
+        p[1, 2] = 0.0
+        p[1, 2, ids[1, 2]] = 1.0  # a row whose mass sits on the guess
+    else:
+        pid = torch.randint(vocab, (2, g + 1), generator=gen)
+        pid[:, 2] = ids[:, 2]  # the target's token is the guess
+        p = OneHot(pid, vocab)
+    w = torch.rand(2, g - 1, generator=gen, dtype=torch.float64)
+    w[0, 0] = 1.0
+    pd, qd = verify_mod.dense(p)[:, 1:g].double(), q.dense()[:, 1:g].double()
+    expected = (w[..., None] * pd - qd).clamp_min(0.0).sum(-1)
+    assert torch.allclose(residual_mass(w, p, q, g), expected, rtol=0, atol=1e-12)
+    # and block_tests gives the same tests as with the dense q (the one-hot shortcut changes no verdict)
+    _, h_onehot = block_tests(ids.clamp_min(0), OneHot(ids.clamp_min(0), vocab), p)
+    _, h_dense = block_tests(ids.clamp_min(0), OneHot(ids.clamp_min(0), vocab).dense(), p)
+    assert torch.allclose(h_onehot, h_dense, rtol=0, atol=1e-12)

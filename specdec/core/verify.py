@@ -103,17 +103,39 @@ def residual_distribution(p: Probs, q: Probs) -> Probs:
     return torch.where(mass > 1e-12, r.div_(mass.clamp_min(1e-38)), p)
 
 
+def residual_mass(w: torch.Tensor, target_probs: Probs, draft_probs: Probs, g: int) -> torch.Tensor:
+    """s_i = sum_x max(0, w_i p_i(x) - q_i(x)) in float64 for rows i = 1..g-1; w [B, g-1], p and q [B, >=g, V].
+
+    A one-hot q_i (a copied or greedy guess y, or an all-zero row) has one entry to subtract from: every other x
+    adds w_i p_i(x) >= 0 whole, so s_i = w_i (sum_x p_i(x) - p_i(y)) + max(0, w_i p_i(y) - q_i(y)) -- the same sum
+    with its terms grouped, read from row sums and one gather instead of [B, g, V] float64 temporaries (a 33-guess
+    copy round would build ~200 MB of them). A dense q has no such shortcut."""
+    rows = slice(1, g)
+    if not isinstance(draft_probs, OneHot):
+        p, q = dense(target_probs)[:, rows].double(), dense(draft_probs)[:, rows].double()
+        return (w[..., None] * p - q).clamp_min(0.0).sum(-1)
+    y = draft_probs.ids[:, rows]
+    q_y = (y >= 0).double()
+    if isinstance(target_probs, OneHot):
+        p_rows = target_probs.ids[:, rows]
+        total, p_y = (p_rows >= 0).double(), ((p_rows == y) & (y >= 0)).double()
+    else:
+        p = target_probs[:, rows]
+        total = p.sum(-1, dtype=torch.float64)
+        p_y = p.gather(-1, y.clamp_min(0).unsqueeze(-1)).squeeze(-1).double() * q_y
+    return w * (total - p_y) + (w * p_y - q_y).clamp_min(0.0)
+
+
 def block_tests(draft_tokens: torch.Tensor, draft_probs: Probs, target_probs: Probs) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification's weights w [B, g+1] (w_0 = 1) and tests h [B, g] (see the module docstring)."""
     b, g = draft_tokens.shape
-    q, p = dense(draft_probs).double(), dense(target_probs).double()
-    p_x, q_x = prob_at(p, draft_tokens), prob_at(q, draft_tokens)
+    p_x, q_x = prob_at(target_probs, draft_tokens).double(), prob_at(draft_probs, draft_tokens).double()
     ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(1e-300), (p_x > 0).double() * float("inf"))
-    w = [torch.ones(b, dtype=torch.float64, device=p.device)]
+    w = [torch.ones(b, dtype=torch.float64, device=draft_tokens.device)]
     for i in range(g):
         w.append(torch.clamp(w[-1] * ratio[:, i], max=1.0))
     w = torch.stack(w, 1)  # [B, g+1]
-    s = (w[:, 1:g, None] * p[:, 1:g] - q[:, 1:g]).clamp_min(0.0).sum(-1)  # [B, g-1]: s_1..s_{g-1}
+    s = residual_mass(w[:, 1:g], target_probs, draft_probs, g)  # [B, g-1]: s_1..s_{g-1}
     denom = s + 1.0 - w[:, 1:g]
     h_inner = torch.where(denom > 1e-15, s / denom.clamp_min(1e-300), torch.ones_like(s))  # w_i = 1: keep going
     h = torch.cat([h_inner, w[:, g:]], 1) if g else w[:, :0]
