@@ -169,3 +169,39 @@ def test_trees_on_the_static_cache_give_a_fresh_forwards_logits(no_eos, bucketed
         assert max_diff(lm.logits_after(committed), fresh(model, committed, v)[None]) < 1e-4
     if bucketed:
         assert lm.passes["bucketed"] > 0
+
+
+TREE_CASES = [("top-k", (3, 2, 1), "model"), ("dynamic", (3, 2, 2), "model"), ("top-k", (2, 2, 2), "ngram")]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("mode,widths,drafter", TREE_CASES)
+def test_tree_decoding_on_the_static_engines_equals_plain_greedy(no_eos, one_thread, engine, mode, widths, drafter):
+    """TreeDecoder opens both caches on the pair's engine: draft-model trees (fixed and dynamic, the dynamic one
+    grown depth by depth) and copied trees give plain greedy's text, and on the compiled engine the tree passes
+    after the first went through buckets (the node count padded, the padding seeing only itself)."""
+    from specdec.loop.tree import TreeDecoder
+
+    pair = on(no_eos, engine)
+    for prompt in (PROMPT, _ngram_prompt(no_eos)):
+        s = DecodeSettings(max_new_tokens=24, drafter=drafter)
+        plain = plain_decode(no_eos, prompt, s).ids
+        dec = TreeDecoder(pair, prompt, s, widths, mode)
+        list(dec)
+        assert isinstance(dec.target, StaticCachedLM) and dec.generated_ids == plain, (engine, mode, prompt)
+        if engine == "compiled":
+            assert dec.target.passes["bucketed"] >= len(dec.rounds) - 1
+            if drafter == "model":
+                assert dec.draft.passes["bucketed"] > 0
+
+
+@pytest.mark.stat
+def test_first_three_tokens_of_tree_rounds_follow_the_target_on_the_static_engine(no_eos, one_thread):
+    """Sampled children (their own q) and a dynamic tree (one-hot q per node) on the static cache follow the
+    target's joint law of the first three tokens."""
+    from tests.test_tree_decoding import tree_joint_chi_square
+
+    pair = on(no_eos, "static")
+    for mode, widths in (("sampled", (2, 2)), ("dynamic", (3, 2, 2))):
+        test = tree_joint_chi_square(pair, _ngram_prompt(pair), widths, mode, 400)
+        assert test.p_value > 1e-3, (mode, test)

@@ -307,6 +307,8 @@ class CachedLM:
                                            torch.eye(extra, dtype=torch.bool, device=visible.device))[None]
             if real is not None:
                 real = torch.cat([real, torch.zeros(b, extra, dtype=torch.bool, device=self.device)], 1)
+            if sees is not None:  # the padding sees no cached slot (only itself)
+                sees = torch.cat([sees, sees.new_zeros(b, extra, sees.shape[-1])], 1)
         mask = None
         if visible is not None or real is not None or self.valid is not None or sees is not None:
             mask = self._mask(b, positions, visible, real, sees)

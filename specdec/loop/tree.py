@@ -21,9 +21,9 @@ import torch
 from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
 from specdec.core.events import Round, Totals
-from specdec.core.kvcache import CachedLM
+from specdec.core.static_cache import open_lm
 from specdec.core.sampling import OneHot, distribution, make_generator
-from specdec.core.settings import TOP_DISPLAY, DecodeSettings, encode_prompt
+from specdec.core.settings import MAX_TREE_NODES, TOP_DISPLAY, DecodeSettings, encode_prompt
 from specdec.core.stop import StopReason, cut_at_stop
 from specdec.core.tree import TokenTree, TreeVerdict, verify_tree
 from specdec.core.tree_events import TreeRoundEvent
@@ -32,6 +32,15 @@ from specdec.drafters.tree import (TreeBudget, TreeDrafter, check_tree_drafter, 
                                    draft_dynamic_tree, draft_tree)
 from specdec.loop.tree_display import tree_chain_round, tree_round_event
 from specdec.models.pair import ModelPair
+
+
+def judged(tree: TokenTree, verify: str, vocab_size: int) -> TokenTree:
+    """The tree as the rule reads it: under strict verification every child is judged as if chosen
+    deterministically (one-hot q), which is, in law, the target drawing its own token at each node and moving to
+    the child that matches it (emitting its draw when none does)."""
+    if verify != "strict":
+        return tree
+    return TokenTree(tree.tokens, tree.parents, OneHot(tree.tokens, vocab_size))
 
 
 @dataclass
@@ -74,11 +83,15 @@ class TreeDecoder:
                                     f"{self.mode}: use the top-k tree mode")
         self.ids = list(self.prompt_ids)
         self.gen = make_generator(self.pair.device, self.settings.seed)
-        self.target = CachedLM(self.pair.target, self.pair.vocab_size)
+        # Both caches on the pair's engine (eager, static or compiled: a tree pass of up to BUCKETS[-1] fed tokens is
+        # padded to a bucket there), sized for the prompt, the budget and one tree past it.
+        engine, max_len = self.pair.engine, len(self.prompt_ids) + self.settings.max_new_tokens + MAX_TREE_NODES
+        self.target = open_lm(self.pair.target, self.pair.vocab_size, engine=engine, max_len=max_len)
         # The draft's reduced head, as the chain drafter runs it (ids below the cut, EOS and the text's own tokens):
         # each depth's pass projects onto fewer rows; q is exactly the distribution over the kept ids it scores.
-        self.draft = CachedLM(self.pair.draft, self.pair.vocab_size,
-                              resolve_draft_vocab(self.pair, self.settings.draft_vocab), self.pair.eos_token_ids)
+        self.draft = open_lm(self.pair.draft, self.pair.vocab_size,
+                             resolve_draft_vocab(self.pair, self.settings.draft_vocab), self.pair.eos_token_ids,
+                             engine=engine, max_len=max_len)
         self.draft.keep_in_head(self.prompt_ids)
         self.budget = TreeBudget() if self.mode == "dynamic" else None  # how many candidates pay, as measured
         self.rounds: list[TreeRound] = []
@@ -107,25 +120,16 @@ class TreeDecoder:
         cfg = self.settings.sampling
         left = self.settings.max_new_tokens - len(self.generated_ids)
         widths = self.widths[: max(1, left - 1)]  # deeper than the budget is wasted work
-        passes = 0
-        if self.budget is not None:
-            tree, _, passes = draft_dynamic_tree(self.draft, self.ids, widths, cfg, self.budget,
-                                                 self.pair.eos_token_ids)
-        elif self.drafter is None:
-            tree = draft_tree(self.draft, self.ids, widths, self.mode, cfg, self.gen)
-        else:
-            tree = self.drafter.propose_tree(self.ids, *copy_tree_bounds(widths), cfg, self.gen)
+        tree, passes = self.propose(widths)
         draft_ms = clock.lap()
         p = distribution(self.target.logits_for_tree(self.ids, tree), cfg)  # [n + 1, V], warped as q
-        tree = self.judged(tree)
+        tree = judged(tree, self.settings.verify, self.pair.vocab_size)
         verdict = verify_tree(tree, p, self.gen)
         verify_ms = clock.lap()
         committed, self.stop_reason = cut_at_stop(verdict.tokens, self.pair.eos_token_ids, left)
         self.ids += committed
         self.target.keep_path(self.ids, verdict.path)  # the accepted path's slots stay, the rest go
-        if self.drafter is None:
-            self.draft.sync(self.ids)
-            self.draft.keep_in_head(committed)
+        self.draft_follows(committed)
         rnd = TreeRound(tree, verdict, committed, self.stop_reason)
         self._display(rnd, p, widths, draft_ms, verify_ms, clock)
         if self.budget is not None:
@@ -133,13 +137,24 @@ class TreeDecoder:
         self.rounds.append(rnd)
         return rnd
 
-    def judged(self, tree: TokenTree) -> TokenTree:
-        """The tree as the rule reads it: under strict verification every child is judged as if chosen
-        deterministically (one-hot q), which is, in law, the target drawing its own token at each node and moving
-        to the child that matches it (emitting its draw when none does)."""
-        if self.settings.verify != "strict":
-            return tree
-        return TokenTree(tree.tokens, tree.parents, OneHot(tree.tokens, self.pair.vocab_size))
+    def propose(self, widths: list[int]) -> tuple[TokenTree, int]:
+        """This round's tree after the committed text (self.ids), and the draft passes a dynamic tree ran (0
+        otherwise): the draft model's tree in `mode`, or the copy drafter's within the widths' bounds."""
+        cfg = self.settings.sampling
+        if self.budget is not None:
+            tree, _, passes = draft_dynamic_tree(self.draft, self.ids, widths, cfg, self.budget,
+                                                 self.pair.eos_token_ids)
+            return tree, passes
+        if self.drafter is None:
+            return draft_tree(self.draft, self.ids, widths, self.mode, cfg, self.gen), 0
+        return self.drafter.propose_tree(self.ids, *copy_tree_bounds(widths), cfg, self.gen), 0
+
+    def draft_follows(self, committed: list[int]) -> None:
+        """After self.ids gained `committed`: the draft's cache drops the tree it grew and its head keeps the new
+        tokens (a copy drafter reads self.ids itself)."""
+        if self.drafter is None:
+            self.draft.sync(self.ids)
+            self.draft.keep_in_head(committed)
 
     def _display(self, rnd: TreeRound, p, widths: list[int], draft_ms: float, verify_ms: float,
                  clock: Stopwatch) -> None:
