@@ -321,7 +321,7 @@ def test_bench_measures_the_loops_side_by_side(tiny_pair, one_thread):
     from ui import batch_tab
 
     res = bb.run_batches(tiny_pair, [1, 2], ["greedy", "sampled"], gamma=3, max_new=5, repeats=1,
-                         log=lambda m: None, loops="ragged,lockstep,scheduled", gamma_max=3)
+                         log=lambda m: None, loops="ragged,lockstep,scheduled,tree", gamma_max=3)
     assert res["loops"] == list(bb.LOOPS) and res["reference_loop"] == "lockstep"
     for r in res["rows"]:
         for n in bb.LOOPS:
@@ -338,7 +338,7 @@ def test_bench_measures_the_loops_side_by_side(tiny_pair, one_thread):
     text = bb.format_table(res)
     assert "loops side by side" in text and "stops beating plain at" in text and "γ by B" in text
     ex = res["example"]
-    assert ex["ragged_rounds"] and ex["lockstep_rounds"] and ex["scheduled_rounds"]
+    assert ex["ragged_rounds"] and ex["lockstep_rounds"] and ex["scheduled_rounds"] and ex["tree_rounds"]
     # the views: one line per loop and mode, each request's pace in both loops, both token grids
     names = [t.name for t in view.loop_figure(res).data]
     assert {"ragged · greedy", "lockstep · T = 0.7", "plain · greedy", "ragged, scheduled γ · greedy"} <= set(names)

@@ -25,6 +25,8 @@ Loops side by side (`loops`, `--loops`): beside plain batched decoding, one run 
   and the prediction above are this loop's, or the ragged loop's when lockstep is left out);
 - ragged: the same loop under commit="ragged", every row commits its own accepted count + 1, fixed γ;
 - scheduled: the ragged loop with γ per number of active rows from `specdec.loop.schedule` (γ = 0: speculation off).
+- tree: token trees as ragged rows (`specdec.loop.tree_batch`, the default top-k tree shape): each row its own tree
+  and accepted path, one batched target pass; its "γ" is the trees' depth.
   Its table is fixed before the measurement: per mode, α from a short ragged pilot run and the cost of target
   passes over B×k tokens and draft passes over B rows, timed on this machine (`calibrate`).
 For each loop and B: tok/s over all rows, the speedup over plain, per-request latency (mean and p90), tokens per
@@ -55,12 +57,14 @@ from specdec.drafters import resolve_draft_vocab
 from specdec.core.kvcache import CachedLM
 from specdec.loop.batched import (MAX_BATCH, BatchResult, plain_batch_decode, ragged_batch_decode,
                                   speculative_batch_decode)
+from specdec.loop.tree_batch import tree_batch_decode
 from specdec.loop.schedule import BatchCosts, gamma_for_batch, gamma_table, line_fit, off_from, schedule_fn
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 PREDICT_UP_TO = 64  # batch sizes the fitted cost model is evaluated at, to name a crossover past the sweep
-LOOPS = ("lockstep", "ragged", "scheduled")  # the speculative loops measured beside plain batched decoding
-LOOP_LABEL = {"plain": "plain", "lockstep": "lockstep", "ragged": "ragged", "scheduled": "ragged, scheduled γ"}
+LOOPS = ("lockstep", "ragged", "scheduled", "tree")  # the speculative loops measured beside plain batched decoding
+LOOP_LABEL = {"plain": "plain", "lockstep": "lockstep", "ragged": "ragged", "scheduled": "ragged, scheduled γ",
+              "tree": "tree rows"}
 GAMMA_MAX = 8  # the longest draft the schedule may choose
 
 # 16 prompts of different lengths (code and prose), so every batch above 1 has padded rows.
@@ -258,7 +262,7 @@ def run_batches(pair, batches: list[int], modes: list[str], gamma: int, max_new:
         return ragged_batch_decode(pair, prompts, s, gamma_for=schedule_fn(_table_of(schedule, _mode_of(s)), gamma))
 
     runners = {"lockstep": partial(speculative_batch_decode, pair), "ragged": partial(ragged_batch_decode, pair),
-               "scheduled": scheduled}
+               "scheduled": scheduled, "tree": partial(tree_batch_decode, pair)}
     contenders = [Contender("plain", partial(plain_batch_decode, pair))] + [Contender(n, runners[n]) for n in loops]
     names = [c.name for c in contenders]
     warm_up(contenders, PROMPT_POOL[:2], DecodeSettings(gamma=gamma, draft_vocab=draft_vocab))
@@ -284,7 +288,7 @@ def run_batches(pair, batches: list[int], modes: list[str], gamma: int, max_new:
         if example is None or (mode == modes[-1] and b == min(4, max(batches))):
             example = {"mode": mode, "batch": b, "gamma": gamma, "prompts": prompts, "loop": ref,
                        "rounds": [r.to_dict() for r in slot[ref][-1].rounds]}
-            for n in ("lockstep", "ragged", "scheduled"):
+            for n in LOOPS:
                 if n in slot:
                     example[f"{n}_rounds"] = [r.to_dict() for r in slot[n][-1].rounds]
     if progress is not None:
@@ -414,7 +418,7 @@ COLUMNS = [Column("mode", 7, "mode", "{}", left=True), Column("B", 3, "batch", "
 
 
 def _loop_columns(loops: list[str]) -> list[Column]:
-    short = {"lockstep": "lock", "ragged": "rag", "scheduled": "sched"}
+    short = {"lockstep": "lock", "ragged": "rag", "scheduled": "sched", "tree": "tree"}
     cols = [Column("mode", 7, "mode", "{}", left=True), Column("B", 3, "batch", "{:d}"),
             Column("plain", 7, "plain_tok_s"), Column("p90 pl", 6, _seconds("plain_p90_latency_ms"))]
     for n in loops:

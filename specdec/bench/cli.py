@@ -59,8 +59,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
                     "bench-results/engines.json unless --out)")
     ap.add_argument("--batch", default=None, help="e.g. 1,2,4,8,16: batched speculative vs plain batched decoding "
                     "per batch size (latency vs throughput; JSON to bench-results/batch.json unless --out)")
-    ap.add_argument("--loops", default=None, help="with --batch: comma list of lockstep,ragged,scheduled, the "
-                    "speculative loops measured beside plain batched decoding (default: all three)")
+    ap.add_argument("--loops", default=None, help="with --batch: comma list of lockstep,ragged,scheduled,tree, the "
+                    "speculative loops measured beside plain batched decoding (default: all four)")
     ap.add_argument("--gamma-max", type=int, default=None, help="with --batch: the longest draft the scheduled "
                     "loop's γ-by-B table may choose (default 8)")
 
