@@ -360,29 +360,28 @@ class BatchDecoder:
             self.target.drop(b, range(verify_start + kept, verify_start + gamma))
             if gamma:
                 self.draft.drop(b, range(guess_start + kept, guess_start + gamma - 1))
-        for lm in (self.target, self.draft):
+        return self._close_round(clock, (self.target, self.draft),
+                                 gamma=gamma, active=was_active,
+                                 n_accepted=[n if a and gamma else (0 if a else None) for n, a in zip(n_acc, was_active)],
+                                 slowest=slowest if slowest is not None else min(
+                                     (n for n, a in zip(n_acc, was_active) if a), default=0),
+                                 committed=emitted,
+                                 own=[a and len(e) == n + 1 for n, a, e in zip(n_acc, was_active, emitted)],
+                                 held=held, thrown=sum(held), draft_ms=draft_ms, verify_ms=verify_ms)
+
+    def _close_round(self, clock: Stopwatch, caches, **fields) -> BatchRound:
+        """End a round of any batch loop: trim the caches (and compact those past compact_at), then record the
+        BatchRound from the loop's own `fields` plus what every loop reports alike (index, pieces, lengths, cache
+        width and holes, times)."""
+        for lm in caches:
             lm.trim()
             if lm.reclaimable > self.compact_at:
                 lm.compact()
-
         tok = self.pair.tokenizer
-        rnd = BatchRound(
-            index=len(self.rounds),
-            gamma=gamma,
-            active=was_active,
-            n_accepted=[n if a and gamma else (0 if a else None) for n, a in zip(n_acc, was_active)],
-            slowest=slowest if slowest is not None else min((n for n, a in zip(n_acc, was_active) if a), default=0),
-            committed=emitted,
-            pieces=[tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
-            own=[a and len(e) == n + 1 for n, a, e in zip(n_acc, was_active, emitted)],
-            held=held,
-            thrown=sum(held),
-            draft_ms=draft_ms,
-            verify_ms=verify_ms,
-            lengths=[len(o) for o in self.out],
-            cache_width=self.target.width,
-            holes=self.target.holes,
-        )
+        rnd = BatchRound(index=len(self.rounds),
+                         pieces=[tok.batch_decode([[t] for t in e]) if e else [] for e in fields["committed"]],
+                         lengths=[len(o) for o in self.out], cache_width=self.target.width,
+                         holes=self.target.holes, **fields)
         rnd.round_ms = clock.total()
         rnd.elapsed_ms = (clock.start - self._t0) * 1e3 + rnd.round_ms
         self.rounds.append(rnd)

@@ -149,34 +149,14 @@ class TreeBatchDecoder(BatchDecoder):
             emitted.append(got)
             if not self.active[b]:
                 self.target.finish_row(b)
-        self.target.trim()
-        if self.target.reclaimable > self.compact_at:
-            self.target.compact()
-
         accepted = [len(v.path) if v is not None else None for v in verdicts]
-        tok = self.pair.tokenizer
-        rnd = BatchRound(
-            index=len(self.rounds),
-            gamma=len(self.widths),  # the trees' depth: a row tests at most this many tokens
-            active=was_active,
-            n_accepted=accepted,
-            slowest=min((n for n in accepted if n is not None), default=0),
-            committed=emitted,
-            pieces=[tok.batch_decode([[t] for t in e]) if e else [] for e in emitted],
-            own=[a and len(e) == (n or 0) + 1 for n, a, e in zip(accepted, was_active, emitted)],
-            held=[0] * b_rows,
-            thrown=0,
-            draft_ms=draft_ms,
-            verify_ms=verify_ms,
-            lengths=[len(o) for o in self.out],
-            cache_width=self.target.width,
-            holes=self.target.holes,
-        )
-        rnd.round_ms = clock.total()
-        rnd.elapsed_ms = (clock.start - self._t0) * 1e3 + rnd.round_ms
-        self.rounds.append(rnd)
-        self.max_gamma = len(self.widths)
-        return rnd
+        return self._close_round(clock, (self.target,),
+                                 gamma=len(self.widths),  # the trees' depth: a row tests at most this many tokens
+                                 active=was_active, n_accepted=accepted,
+                                 slowest=min((n for n in accepted if n is not None), default=0),
+                                 committed=emitted,
+                                 own=[a and len(e) == (n or 0) + 1 for n, a, e in zip(accepted, was_active, emitted)],
+                                 held=[0] * b_rows, thrown=0, draft_ms=draft_ms, verify_ms=verify_ms)
 
 
 def tree_batch_decode(pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(), widths=(2, 2, 1),
