@@ -25,7 +25,11 @@ This file is layout and wiring only: the engine lives in specdec/, rendering in 
 from __future__ import annotations
 
 # First: on a ZeroGPU Space `spaces` must be imported before anything initializes CUDA.
-from ui.zerogpu import zerogpu_active  # isort: skip
+from ui.zerogpu import zerogpu_active  # isort: skip  # noqa: F401
+
+# Run as the app: start loading the startup pair now, so its weights load while the UI's imports run.
+from ui.loader import detached_mode, env_loader, env_request  # isort: skip
+LOADER = env_loader() if __name__ == "__main__" else None
 
 import json
 import os
@@ -34,7 +38,6 @@ from pathlib import Path
 import gradio as gr
 
 from components import empty_figure, render_legend, render_phases, render_stats, render_status
-from specdec.models.hub import DEFAULT_MAX_PARAMS
 from specdec.models.pair import PAIRS
 from specdec.prompts import GROUNDED
 from specdec.core.settings import MAX_GAMMA
@@ -47,8 +50,7 @@ from ui.server_compare import build_server_compare
 from ui.batch_tab import build_batch_tab
 from ui.learn_tab import build_learn_tab
 from ui.race import build_race_tab
-from ui.loader import PairLoader
-from ui.playground import Playground, env_request, guarded
+from ui.playground import Playground, guarded
 
 ROOT = Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
@@ -303,19 +305,10 @@ def theme() -> gr.Theme:
     )
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def main() -> None:
     # On ZeroGPU each Generate run is decoded inside one GPU call (ui/gpu_run.py); the main process only loads.
-    detached = zerogpu_active() or env_flag("SPECDEC_DETACHED")
-    loader = PairLoader(dtype=os.environ.get("SPECDEC_DTYPE", "auto"), device=os.environ.get("SPECDEC_DEVICE", "auto"),
-                        max_params=float(os.environ.get("SPECDEC_MAX_PARAMS", DEFAULT_MAX_PARAMS)),
-                        allow_local=not env_flag("SPECDEC_PUBLIC"), measure=not detached)
-    loader.quiet.clear()  # time the models only once the server is up (see PairLoader.quiet)
-    # starts loading the startup pair in the background right away
-    pg = Playground(loader, env_request(), detached=detached, allow_local=loader.allow_local)
+    loader = LOADER or env_loader()  # the startup pair is loading in the background already
+    pg = Playground(loader, env_request(), detached=detached_mode(), allow_local=loader.allow_local)
     demo = build_demo(pg)
     demo.queue(default_concurrency_limit=int(os.environ.get("SPECDEC_CONCURRENCY", "2")))
     demo.launch(

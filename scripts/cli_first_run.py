@@ -68,7 +68,7 @@ def main(argv=None) -> int:
 
     from specdec.models.pair import cpu_name
     from specdec.prompts import GROUNDED
-    from ui.playground import default_pair_name
+    from ui.loader import default_pair_name
 
     pair = args.pair or default_pair_name()
     rows = []

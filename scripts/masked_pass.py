@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     from specdec.core.static_cache import open_lm
     from specdec.models.pair import cpu_name, load_pair
-    from ui.playground import default_pair_name
+    from ui.loader import default_pair_name
 
     name = args.pair or default_pair_name()
     pair = load_pair(name)

@@ -329,3 +329,36 @@ def test_folder_without_tokenizer(tmp_path, tiny_folders, tok):
     bare = _save(tmp_path / "no-tokenizer", _qwen_config(len(tok)))
     with pytest.raises(ModelLoadError, match="tokenizer"):
         validate_custom_pair(tiny_folders[0], bare)
+
+
+def test_identical_tokenizer_files_are_recognised_and_any_difference_is_not(tmp_path, tiny_folders):
+    from specdec.models.pair import same_tokenizer_files
+
+    target, draft = tiny_folders
+    assert same_tokenizer_files(target, draft)  # saved from one tokenizer: the draft's load can be skipped
+    other = tiny_tokenizer()
+    other.add_tokens(["<extra_token>"])
+    changed = _save(tmp_path / "other-vocab", _qwen_config(len(other)), other)
+    assert not same_tokenizer_files(target, changed)
+    assert not same_tokenizer_files(target, "Qwen/Qwen2.5-0.5B")  # a hub id: never assumed, loaded and compared
+    bare = _save(tmp_path / "bare", _qwen_config(8))
+    assert not same_tokenizer_files(target, bare) and not same_tokenizer_files(bare, bare)
+
+
+def test_a_pair_of_folders_with_one_tokenizer_loads_it_once(tmp_path, tok, monkeypatch):
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    import specdec.models.pair as pairs
+
+    folders = []
+    for name, layers in (("t", 2), ("d", 1)):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(_qwen_config(len(tok), num_hidden_layers=layers))
+        model.save_pretrained(tmp_path / name)
+        folders.append(_save(tmp_path / name, None, tok))
+    loads = []
+    real = pairs._load_tokenizer
+    monkeypatch.setattr(pairs, "_load_tokenizer", lambda src: loads.append(src) or real(src))
+    pair = pairs.load_pair("custom", target=folders[0], draft=folders[1], dtype="float32", device="cpu", shared=False)
+    assert loads == [folders[0]] and len(pair.tokenizer) == len(tok)

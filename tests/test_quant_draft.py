@@ -355,7 +355,7 @@ def test_loop_parts_split_round_one_from_the_steady_state():
 
 
 def test_the_app_opens_on_the_int4_draft_on_a_cpu_only(monkeypatch):
-    from ui.playground import default_pair_name
+    from ui.loader import default_pair_name
 
     monkeypatch.delenv("SPECDEC_DEVICE", raising=False)
     monkeypatch.delenv("SPECDEC_DTYPE", raising=False)

@@ -50,12 +50,30 @@ def test_caches_hold_each_rows_text(no_eos):
             dec.step()
         assert len({len(o) for o in dec.out}) > 1
         assert dec.target.holes > 0 or dec.target.compactions > 0
-        ids, valid = dec._catch_up(dec.target)
-        cont = dec.target.score(ids, pad=~valid, n_logits=1)[:, -1]
-        for b in range(len(PROMPTS)):
-            with torch.inference_mode():
-                fresh = no_eos.target(input_ids=torch.tensor([dec.text(b)])).logits[0, -1, : no_eos.vocab_size]
-            assert (cont[b] - fresh).abs().max().item() < 1e-4
+        assert dec.batched_draft and (dec.draft.holes > 0 or dec.draft.compactions > 0)
+        for lm, model in ((dec.target, no_eos.target), (dec.draft, no_eos.draft)):
+            ids, valid = dec._catch_up(lm)
+            cont = lm.score(ids, pad=~valid, n_logits=1)[:, -1]
+            for b in range(len(PROMPTS)):
+                with torch.inference_mode():
+                    fresh = model(input_ids=torch.tensor([dec.text(b)])).logits[0, -1, : no_eos.vocab_size]
+                seen = cont[b] > float("-inf")  # the draft's reduced head scores fewer ids
+                assert (cont[b][seen] - fresh[seen]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("widths", [(3, 2, 1), (2, 2, 2, 2)])
+def test_trees_drafted_for_all_rows_at_once_are_the_per_row_trees(tiny_pair, one_thread, widths):
+    """One batched draft pass per depth grows the same top-k trees as a batch-1 draft per row: every round keeps
+    the same counts, and the text is plain greedy's."""
+    s = DecodeSettings(max_new_tokens=24)
+    runs = {}
+    for batched in (True, False):
+        dec = TreeBatchDecoder(tiny_pair, PROMPTS, s, widths, "top-k", batched_draft=batched)
+        runs[batched] = (dec.run(), dec)
+    (fast, dec), (slow, _) = runs[True], runs[False]
+    assert dec.batched_draft and dec.rows == []
+    assert [r.n_accepted for r in fast.rounds] == [r.n_accepted for r in slow.rounds]
+    assert fast.ids == slow.ids == [plain_decode(tiny_pair, p, s).ids for p in PROMPTS]
 
 
 def test_bad_settings_are_refused(tiny_pair):
@@ -65,6 +83,8 @@ def test_bad_settings_are_refused(tiny_pair):
         TreeBatchDecoder(tiny_pair, PROMPTS[:2], DecodeSettings(drafter="auto"))
     with pytest.raises(InvalidInputError, match="nodes"):
         TreeBatchDecoder(tiny_pair, PROMPTS[:2], DecodeSettings(), (8, 8, 8))
+    with pytest.raises(InvalidInputError, match="all rows at once"):
+        TreeBatchDecoder(tiny_pair, PROMPTS[:2], DecodeSettings(), (2, 2), "dynamic", batched_draft=True)
 
 
 # ------------------------------------------------------------------------------------------ chi-square

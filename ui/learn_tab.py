@@ -285,7 +285,7 @@ def build_verify_modes() -> None:
 
 def build_learn_tab(recorded_rounds: gr.State, get_pair: Callable) -> None:
     """Lay out the five Learn sections and wire their events; call inside `with gr.Tab("Learn"):`."""
-    from .playground import env_request  # the pair the app opens on: one rule, in the playground
+    from .loader import env_request  # the pair the app opens on: one rule, in the loader
 
     pair_name = env_request().name
     gr.HTML(f"<style>{_css()}</style>", elem_id="learn-style", padding=False)

@@ -14,6 +14,7 @@ Custom ids (the Models accordion) are checked before anything is downloaded: the
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -213,3 +214,43 @@ class PairLoader:
             traceback.print_exc(file=sys.stderr)
         finally:
             job.measured.set()
+
+
+# ---------------------------------------------------------------------------------------------- the app's start
+
+
+def default_pair_name() -> str:
+    """The pair the app opens on: the embedded pair with its int4 draft on a CPU (the packed draft reads a quarter of
+    the bytes a step, at the bf16 draft's acceptance; `bench --quant-draft` measures it, docs/performance.md), the
+    plain one on a GPU, where the packed kernels do not run, or when float32 is asked for."""
+    import torch
+
+    on_gpu = os.environ.get("SPECDEC_DEVICE", "auto") == "cuda" or torch.cuda.is_available()
+    return "default" if on_gpu or os.environ.get("SPECDEC_DTYPE") == "float32" else "default-int4"
+
+
+def env_request() -> PairRequest:
+    return PairRequest(os.environ.get("SPECDEC_PAIR") or default_pair_name())
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def detached_mode() -> bool:
+    """Whether Generate runs decode the ZeroGPU way (ui/gpu_run.py): on a ZeroGPU Space, or SPECDEC_DETACHED=1."""
+    from ui.zerogpu import zerogpu_active
+
+    return zerogpu_active() or env_flag("SPECDEC_DETACHED")
+
+
+def env_loader() -> PairLoader:
+    """The app's loader as the environment configures it (app.py's docstring lists the variables), with the
+    startup pair's load already started: app.py calls this before it imports the UI, so the weights load while
+    Gradio's imports and the page build run (~5 s of a 2-core start)."""
+    loader = PairLoader(dtype=os.environ.get("SPECDEC_DTYPE", "auto"), device=os.environ.get("SPECDEC_DEVICE", "auto"),
+                        max_params=float(os.environ.get("SPECDEC_MAX_PARAMS", DEFAULT_MAX_PARAMS)),
+                        allow_local=not env_flag("SPECDEC_PUBLIC"), measure=not detached_mode())
+    loader.quiet.clear()  # time the models only once the server is up (see PairLoader.quiet)
+    loader.request(env_request())
+    return loader

@@ -496,17 +496,3 @@ def guarded(handler, n_outputs: int | None = None):
         except Exception as exc:  # noqa: BLE001 - see docstring
             return failure(args, exc)
     return wrapper
-
-
-def default_pair_name() -> str:
-    """The pair the app opens on: the embedded pair with its int4 draft on a CPU (the packed draft reads a quarter of
-    the bytes a step, at the bf16 draft's acceptance; `bench --quant-draft` measures it, docs/performance.md), the
-    plain one on a GPU, where the packed kernels do not run, or when float32 is asked for."""
-    import torch
-
-    on_gpu = os.environ.get("SPECDEC_DEVICE", "auto") == "cuda" or torch.cuda.is_available()
-    return "default" if on_gpu or os.environ.get("SPECDEC_DTYPE") == "float32" else "default-int4"
-
-
-def env_request() -> PairRequest:
-    return PairRequest(os.environ.get("SPECDEC_PAIR") or default_pair_name())

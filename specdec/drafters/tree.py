@@ -109,6 +109,76 @@ def draft_tree(lm: CachedLM, committed: list[int], widths: list[int], mode: str,
     return TokenTree(torch.tensor(tokens, dtype=torch.long, device=lm.device), parents, _rows(qs))
 
 
+def draft_tree_rows(lm: CachedLM, tails: torch.Tensor, real: torch.Tensor, depths: list[int], widths: list[int],
+                    mode: str, cfg: SamplingConfig, gen: torch.Generator | None):
+    """`draft_tree` for B rows of one batched draft cache at once: one draft pass per depth for every row's frontier.
+
+    tails [B, w] / real [B, w]: per row, the committed tokens its cache lacks, right-aligned behind padding (a row
+    with nothing real drafts no tree); depths[b]: how many of `widths` row b grows. The first pass feeds the tails
+    and gives each row's root its children; each later pass feeds the nodes of the last depth, row b's node at depth
+    d sitting at position (row b's text length - 1 + d) and seeing its row's text, its ancestors' slots and itself,
+    never a sibling, a cousin or another row (`CachedLM.score`'s sees: the ancestors fed by earlier passes). The
+    last depth's nodes are never fed: nothing reads their logits. Children are chosen per node exactly as
+    `draft_tree` does (`choose_children`: q is what each child was drawn from, a row's draws in node order).
+
+    Returns (trees: TokenTree | None per row, columns: per row the cache column of each fed node, None for nodes
+    never fed). The node slots stay in the cache: the caller keeps the committed path's and drops the rest.
+    """
+    b_rows = tails.shape[0]
+    logits = lm.score(tails, pad=~real, n_logits=1)[:, -1:]  # [B, 1, V]: after each row's committed text
+    lengths = lm.counts(b_rows)  # text slots per row, the last committed token included
+    first = lm.width  # the column the first node pass writes
+    grow = [bool(real[b].any()) and depths[b] > 0 for b in range(b_rows)]
+    tokens: list[list[int]] = [[] for _ in range(b_rows)]
+    parents: list[list[int]] = [[] for _ in range(b_rows)]
+    qs: list[list] = [[] for _ in range(b_rows)]
+    level: list[list[int]] = [[] for _ in range(b_rows)]  # node depth (1 = a child of the root)
+    columns: list[list[int | None]] = [[] for _ in range(b_rows)]
+    frontier: list[list[int]] = [[ROOT] for _ in range(b_rows)]  # the nodes whose logits are in `logits`, in order
+    for d, width in enumerate(widths):
+        grown: list[list[int]] = [[] for _ in range(b_rows)]
+        for b in range(b_rows):
+            if not grow[b] or d >= depths[b]:
+                continue
+            for j, node in enumerate(frontier[b]):
+                xs, rows = choose_children(logits[b, j], width, mode, cfg, gen)
+                for x, q in zip(xs, rows):
+                    grown[b].append(len(tokens[b]))
+                    tokens[b].append(int(x))
+                    parents[b].append(node)
+                    qs[b].append(q)
+                    level[b].append(d + 1)
+                    columns[b].append(None)
+        frontier = grown
+        if d + 1 >= len(widths) or not any(grown[b] and d + 1 < depths[b] for b in range(b_rows)):
+            break
+        # Feed this depth's nodes of the rows that grow deeper; a node sees its ancestors' columns.
+        k = max(len(g) if d + 1 < depths[b] else 0 for b, g in enumerate(grown))
+        start = lm.width
+        ids = torch.zeros(b_rows, k, dtype=torch.long)
+        positions = torch.zeros(b_rows, k, dtype=torch.long)
+        fed = torch.zeros(b_rows, k, dtype=torch.bool)
+        sees = torch.zeros(b_rows, k, start, dtype=torch.bool)
+        sees[:, :, :first] = True  # the row's text (the scorer ANDs its own valid slots: holes and padding stay hidden)
+        for b, nodes in enumerate(grown):
+            if d + 1 >= depths[b]:
+                frontier[b] = []
+                continue
+            for j, node in enumerate(nodes):
+                ids[b, j], positions[b, j], fed[b, j] = tokens[b][node], lengths[b] - 1 + level[b][node], True
+                columns[b][node] = start + j
+                par = parents[b][node]
+                while par != ROOT:
+                    sees[b, j, columns[b][par]] = True
+                    par = parents[b][par]
+        dev = lm.device
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b_rows, k, k)
+        logits = lm.score(ids.to(dev), positions.to(dev), eye, pad=~fed.to(dev), sees=sees.to(dev))
+    trees = [TokenTree(torch.tensor(tokens[b], dtype=torch.long, device=lm.device), parents[b], _rows(qs[b]))
+             if tokens[b] else None for b in range(b_rows)]
+    return trees, columns
+
+
 def path_confidence(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """log of how likely the draft thinks each next token is, [m, V]: its warped distribution (what the target's p
     will be warped to), or, greedy, its plain softmax (a one-hot warp would rank nothing)."""

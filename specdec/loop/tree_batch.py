@@ -3,9 +3,11 @@ row's tree in ONE batched pass on the one scorer, each row walking its own tree 
 accepted path (the ragged commit rule, `loop.batched`).
 
 A round:
-- draft: each active row proposes its tree after its own text, exactly as a batch-1 tree round does
-  (`TreeDecoder.propose`: the draft model's tree in the chosen mode, a dynamic tree, or a copy drafter's tree; one
-  TreeDecoder per row holds the row's draft cache and drafter, its target cache never used);
+- draft: each active row proposes its tree after its own text. A draft-model tree of fixed widths (top-k, sampled,
+  distinct) grows for all rows at once on the batched draft cache, one pass per depth over every row's frontier
+  (`drafters.tree.draft_tree_rows`: a node sees its row's text and its ancestors' slots only); a dynamic tree or a
+  copy drafter's tree comes from one batch-1 `TreeDecoder.propose` per row (the row's draft cache or drafter; its
+  target cache never used);
 - verify: one target pass over a block [B, W]: per row, the committed tokens its cache lacks (the tail, causal)
   then its n_b nodes, right-aligned behind padding. Node i of row b sits at position (last committed position +
   depth) and sees the row's cached text, its tail, its ancestors and itself (`kvcache.tail_and_nodes`), never a
@@ -17,8 +19,7 @@ A round:
 
 Every row is an exact sample of its target: its round is batch-1 tree decoding on its own text, verified from the
 root with the rule matching how its children were chosen (a deterministic choice carries a one-hot q), and nothing
-of another row reaches its attention. The draft side runs one batch-1 draft per row (the target's pass is the one
-shared); the eager engine only, as every batch.
+of another row reaches its attention (nor its draft's). The eager engine only, as every batch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from specdec.core.sampling import distribution
 from specdec.core.settings import DecodeSettings
 from specdec.core.stop import cut_at_stop
 from specdec.core.tree import TokenTree, verify_tree
-from specdec.drafters.tree import COPY_TREE_DRAFTERS, check_widths
+from specdec.drafters.tree import COPY_TREE_DRAFTERS, check_widths, draft_tree_rows
 from specdec.loop.batched import COMPACT_AT, BatchDecoder, BatchResult, BatchRound
 from specdec.loop.tree import TreeDecoder, judged
 from specdec.models.pair import ModelPair
@@ -74,7 +75,8 @@ class TreeBatchDecoder(BatchDecoder):
     a copied tree within the widths' bounds, top-k mode)."""
 
     def __init__(self, pair: ModelPair, prompts, settings: DecodeSettings = DecodeSettings(),
-                 widths=(2, 2, 1), mode: str = "top-k", compact_at: float = COMPACT_AT):
+                 widths=(2, 2, 1), mode: str = "top-k", compact_at: float = COMPACT_AT,
+                 batched_draft: bool | None = None):
         s = settings.validate()
         if s.drafter != "model" and s.drafter not in COPY_TREE_DRAFTERS:
             raise InvalidInputError(f"tree rows draft with the draft model or {', '.join(COPY_TREE_DRAFTERS)}, not "
@@ -89,12 +91,18 @@ class TreeBatchDecoder(BatchDecoder):
         self.settings = s
         self.widths = check_widths(widths, mode)
         self.mode = mode
-        # One batch-1 tree decoder per row: its draft cache (or copy drafter) proposes the row's trees; the target
-        # side is this loop's batched cache. Every row draws from the batch's one generator.
-        self.rows = [TreeDecoder(pair, p, s, tuple(self.widths), mode) for p in self.prompts]
-        for row in self.rows:
-            row.gen = self.gen
-        self.draft = None  # the rows' own drafts stand in for the chain loop's batched one
+        # A draft-model tree of fixed widths grows for every row at once on the batched draft cache (one pass per
+        # depth, `draft_tree_rows`); a dynamic tree or a copied one is proposed per row by a batch-1 tree decoder
+        # (its draft cache or copy drafter; its target side never used), every row drawing from the one generator.
+        self.batched_draft = s.drafter == "model" and mode != "dynamic" if batched_draft is None else batched_draft
+        if self.batched_draft and (s.drafter != "model" or mode == "dynamic"):
+            raise InvalidInputError("only a draft-model tree of fixed widths is drafted for all rows at once")
+        self.rows: list[TreeDecoder] = []
+        if not self.batched_draft:
+            self.rows = [TreeDecoder(pair, p, s, tuple(self.widths), mode) for p in self.prompts]
+            for row in self.rows:
+                row.gen = self.gen
+            self.draft = None  # the rows' own drafts stand in for the batched one
 
     @torch.inference_mode()
     def step(self) -> BatchRound:
@@ -105,24 +113,31 @@ class TreeBatchDecoder(BatchDecoder):
         clock = Stopwatch(self.pair.device)
         self._t0 = self._t0 or clock.start
 
+        # Deeper than a row's budget is wasted work.
+        depths = [min(len(self.widths), max(1, self.settings.max_new_tokens - len(o) - 1)) if a else 0
+                  for o, a in zip(self.out, was_active)]
         trees: list[TokenTree | None] = [None] * b_rows
-        for b, row in enumerate(self.rows):
-            if was_active[b]:
-                left = self.settings.max_new_tokens - len(self.out[b])
-                tree, _ = row.propose(self.widths[: max(1, left - 1)])  # deeper than the budget is wasted work
-                trees[b] = judged(tree, self.settings.verify, self.pair.vocab_size)
+        columns: list[list[int | None]] = [[] for _ in range(b_rows)]
+        if self.batched_draft:
+            tails, real = self._catch_up(self.draft)
+            trees, columns = draft_tree_rows(self.draft, tails, real, depths, self.widths, self.mode, cfg, self.gen)
+        else:
+            for b, row in enumerate(self.rows):
+                if was_active[b]:
+                    trees[b], _ = row.propose(self.widths[: depths[b]])
+        trees = [judged(t, self.settings.verify, self.pair.vocab_size) if t is not None else None for t in trees]
         draft_ms = clock.lap()
 
         have = self.target.counts(b_rows)
-        tails = [self.text(b)[have[b] :] if a else [] for b, a in enumerate(was_active)]
-        ids, positions, visible, real, starts = tree_block(tails, trees, have, self.pad)
+        text_tails = [self.text(b)[have[b] :] if a else [] for b, a in enumerate(was_active)]
+        ids, positions, visible, real, starts = tree_block(text_tails, trees, have, self.pad)
         dev = self.pair.device
         col0 = self.target.width
         logits = self.target.score(ids.to(dev), positions.to(dev), visible.to(dev), pad=~real.to(dev))
         verdicts = [None] * b_rows
         for b, tree in enumerate(trees):
             if tree is not None:
-                first = starts[b] + len(tails[b]) - 1  # the row's last committed token: row 0 of its p
+                first = starts[b] + len(text_tails[b]) - 1  # the row's last committed token: row 0 of its p
                 p = distribution(logits[b, first : first + tree.size + 1], cfg)  # [n + 1, V], warped as q
                 verdicts[b] = verify_tree(tree, p, self.gen)
         verify_ms = clock.lap()
@@ -136,21 +151,31 @@ class TreeBatchDecoder(BatchDecoder):
                 budget = self.settings.max_new_tokens - len(self.out[b])
                 got, self.stop[b] = cut_at_stop(verdict.tokens, eos, budget)
                 self.out[b].extend(got)
-                self.rows[b].ids += got
-                self.rows[b].draft_follows(got)
                 # The path's first len(got) - 1 nodes are committed text now (the last token is pending: fed next
-                # round); every other node's slot becomes a hole.
+                # round); every other node's slot becomes a hole, in the target and in the batched draft (whose
+                # path slots stay only up to the first node it never fed: the rest is fed again next round).
                 kept = set(verdict.path[: len(got) - 1])
-                nodes = starts[b] + len(tails[b])
+                nodes = starts[b] + len(text_tails[b])
                 self.target.drop(b, [col0 + nodes + j for j in range(tree.size) if j not in kept])
+                if self.batched_draft:
+                    path = verdict.path[: len(got) - 1]
+                    fed = next((i for i, j in enumerate(path) if columns[b][j] is None), len(path))
+                    on_path = {columns[b][j] for j in path[:fed]}
+                    self.draft.drop(b, [c for c in columns[b] if c is not None and c not in on_path])
+                    self.draft.keep_in_head(got)
+                else:
+                    self.rows[b].ids += got
+                    self.rows[b].draft_follows(got)
                 if self.stop[b] is not None:
                     self.active[b] = False
                     self.finish_ms[b] = now_ms
             emitted.append(got)
             if not self.active[b]:
                 self.target.finish_row(b)
+                if self.batched_draft:
+                    self.draft.finish_row(b)
         accepted = [len(v.path) if v is not None else None for v in verdicts]
-        return self._close_round(clock, (self.target,),
+        return self._close_round(clock, (self.target, self.draft) if self.batched_draft else (self.target,),
                                  gamma=len(self.widths),  # the trees' depth: a row tests at most this many tokens
                                  active=was_active, n_accepted=accepted,
                                  slowest=min((n for n in accepted if n is not None), default=0),

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
@@ -40,14 +41,23 @@ def digest(*parts) -> str:
 
 
 def tensor_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """A digest of tensors' names, dtypes, shapes and bytes (blake2b: ~1 GB/s on one core)."""
-    h = hashlib.blake2b(digest_size=32)
-    for name, t in named:
+    """A digest of tensors' names, dtypes, shapes and bytes: one blake2b per tensor (hashlib lets go of the GIL on
+    large buffers, so a thread per core hashes in parallel: ~1 GB/s a core), then one over those in order."""
+    items = list(named)
+
+    def one(item: tuple[str, torch.Tensor]) -> bytes:
+        name, t = item
         t = t.detach().contiguous().cpu()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h = hashlib.blake2b(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode(), digest_size=32)
         if t.numel():
             h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # the bytes in place, not a copy
-    return h.hexdigest()
+        return h.digest()
+
+    outer = hashlib.blake2b(b"specdec-tensors-2", digest_size=32)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(items), os.cpu_count() or 1, 8))) as pool:
+        for part in pool.map(one, items):
+            outer.update(part)
+    return outer.hexdigest()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

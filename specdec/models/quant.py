@@ -37,6 +37,8 @@ matmul too.
 from __future__ import annotations
 
 import gc
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -386,7 +388,10 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
         if identity:
             disk_cache.write_tensors(_codes_path(identity), identity, {f"{name}/{part}": t for name, parts in
                                                                        codes.items() for part, t in parts.items()})
-    built = {name: kind.from_codes(codes[name], linear.bias) for name, kind, linear in layers}
+    # Rebuilding a layer (dequantize, int4 packing) is torch work outside the GIL: a thread per core.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(layers), os.cpu_count() or 1, 8))) as pool:
+        built = dict(zip([name for name, *_ in layers],
+                         pool.map(lambda layer: layer[1].from_codes(codes[layer[0]], layer[2].bias), layers)))
     for parent, attr, linear, kind in linears:
         setattr(parent, attr, built[named[id(linear)]])
     if isinstance(head, nn.Linear):
