@@ -32,7 +32,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="default")
     ap.add_argument("--tokens", type=int, default=48)
@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--drafters", default="model,ngram")
     ap.add_argument("--out", default="bench-results/greedy_bf16.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     prompts = [(kind, p) for kind, ps in PROMPTS.items() for p in ps]
     result = {"pair": args.pair, "tokens": args.tokens, "gamma": args.gamma, "runs": []}
     for dtype in args.dtypes.split(","):

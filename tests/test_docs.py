@@ -149,17 +149,51 @@ def test_the_cli_page_is_what_the_generator_writes():
         "docs/cli.md is out of date: run python scripts/cli_docs.py"
 
 
-def test_the_cli_pages_examples_parse():
+def _documented_commands(prefix: str, min_words: int) -> list[str]:
+    """Every `prefix ...` command on the README and the docs pages: the lines of bash blocks, and the inline code
+    spans of at least `min_words` words (a span may wrap onto the next line; a bare `python -m specdec generate`
+    names the subcommand); placeholders like <drafter> left out."""
+    found = []
+    for page in _pages():
+        text = page.read_text(encoding="utf-8")
+        lines = [line.split(" #")[0].strip() for block in _code_blocks(text, "bash") for line in block.splitlines()]
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+        spans = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose, re.S)]
+        lines += [span for span in spans if len(span.split()) >= min_words]
+        found += [line for line in lines if line.startswith(prefix) and "<" not in line]
+    return sorted(set(found))
+
+
+class _Parsed(Exception):
+    pass
+
+
+def test_every_documented_specdec_command_parses():
     from specdec.cli import build_parser
 
-    page = CLI_PAGE.read_text(encoding="utf-8")
-    commands = [line for block in _code_blocks(page, "bash") for line in block.splitlines()
-                if line.startswith("python -m specdec ")]
-    assert commands
-    readme = [line for block in _code_blocks(README.read_text(encoding="utf-8"), "bash")
-              for line in block.splitlines() if line.startswith("python -m specdec ")]
-    for line in commands + readme:
+    commands = _documented_commands("python -m specdec ", 5)
+    assert any("generate" in c for c in commands) and any("--suite" in c for c in commands)
+    for line in commands:
         build_parser().parse_args(shlex.split(line)[3:])  # argparse exits on a flag it does not know
+
+
+def test_every_documented_script_command_parses(monkeypatch):
+    """Each `python scripts/NAME.py ...` on a page names a script that exists and whose parser takes the flags."""
+    commands = _documented_commands("python scripts/", 2)
+    assert commands
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parse(self, args, namespace)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    for line in commands:
+        words = shlex.split(line)
+        name = Path(words[1]).stem
+        assert (ROOT / "scripts" / f"{name}.py").is_file(), line
+        with pytest.raises(_Parsed):
+            load_script(name).main(words[2:])
 
 
 # ------------------------------------------------------------------------------------------------ every page
