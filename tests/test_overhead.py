@@ -52,7 +52,8 @@ def test_engine_is_unchanged_after_profiling(tiny_pair):
     dec, _ = _profile(tiny_pair)
     assert (decoder_mod.distribution, decoder_mod.verify, display_mod.top_candidates, sampling_mod.distribution, sampling_mod.sample,
             verify_mod.verify) == originals
-    for obj in (dec, dec.target, dec.drafter, dec.drafter.lm):
+    for obj in (dec, dec.target, dec.drafter, dec.drafter.lm, dec.target.head, dec.drafter.lm.head,
+                dec.target.out_head, dec.drafter.lm.out_head):
         assert not any(callable(v) for v in vars(obj).values() if hasattr(v, "__wrapped__")), obj
     for model in (tiny_pair.target, tiny_pair.draft, tiny_pair.target.base_model, tiny_pair.draft.base_model):
         assert not model._forward_hooks and not model._forward_pre_hooks and "forward" not in vars(model)
@@ -70,6 +71,35 @@ def test_profiled_run_decodes_the_same_text(tiny_pair):
 def test_reduced_draft_head_is_model_work(tiny_pair):
     _, prof = _profile(tiny_pair, DecodeSettings(gamma=3, max_new_tokens=10, draft_vocab=50))
     assert sum(r.get("draft_head", 0.0) for r in prof.rounds) > 0
+
+
+def test_each_models_head_is_its_own_model_work(tiny_pair, monkeypatch):
+    """The scorer projects hidden states after the model body: each head's time is model work under its own
+    model's name, not feed overhead (and never the target's head under the draft's)."""
+    import time
+
+    calls = {"target": 0, "draft": 0}
+
+    def slow_head(lm, who):
+        head = lm.out_head.forward
+
+        def forward(x):
+            calls[who] += 1
+            time.sleep(0.002)
+            return head(x)
+        monkeypatch.setattr(lm.out_head, "forward", forward)
+
+    dec = SpeculativeDecoder(tiny_pair, "def f(x):", SETTINGS)
+    slow_head(dec.target, "target")
+    slow_head(dec.drafter.lm, "draft")
+    prof = RoundProfiler(tiny_pair.device)
+    with profiled(dec, prof):
+        for _ in dec:
+            pass
+    total = lambda key: sum(r.get(key, 0.0) for r in prof.rounds)  # noqa: E731
+    assert total("target_head") >= 2.0 * calls["target"] * 0.9 > 0
+    assert total("draft_head") >= 2.0 * calls["draft"] * 0.9 > 0
+    assert total("feed") < 2.0 * (calls["target"] + calls["draft"])
 
 
 def test_summary_splits_model_work_from_overhead():

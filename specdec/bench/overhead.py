@@ -36,7 +36,8 @@ from specdec.models.pair import ModelPair
 CATEGORIES = {
     "target_forward": "the target's forward pass (verification of gamma + 1 positions)",
     "draft_forward": "the draft's forward passes (one per guess, the first also catches up)",
-    "draft_head": "the draft's reduced vocabulary projection (model work done outside forward)",
+    "target_head": "the target's vocabulary projection, which the scorer calls after the model body (model work)",
+    "draft_head": "the draft's vocabulary projection, full or reduced, called after the model body (model work)",
     "drafter": "drafter bookkeeping: its own Python around the draft steps (head sync, stacking q rows)",
     "warp": "temperature / top-k / top-p warps of p and q",
     "sample": "drawing a token from q (greedy: argmax and its one-hot q), and the repaired/bonus token",
@@ -46,7 +47,7 @@ CATEGORIES = {
     "events": "building the Round event: top-k lists, decoded pieces, probabilities to Python",
     "loop": "the decoder's own glue: gamma choice, committing tokens, EOS checks, statistics",
 }
-MODEL_WORK = ("target_forward", "draft_forward", "draft_head")
+MODEL_WORK = ("target_forward", "draft_forward", "target_head", "draft_head")
 
 # Module-level engine functions timed wherever a specdec module imported them: (home module, name, category).
 FUNCTIONS = (
@@ -146,24 +147,26 @@ def _patched_functions(prof: RoundProfiler) -> Iterator[None]:
 
 
 @contextmanager
-def _draft_head_linear(prof: RoundProfiler) -> Iterator[None]:
-    """Time F.linear only when a cache's feed calls it directly (the draft's reduced head), not inside forwards."""
-    original = torch.nn.functional.linear
-
-    def linear(*args, **kwargs):
-        if prof.top != "feed":
-            return original(*args, **kwargs)
-        prof.push("draft_head")
-        try:
-            return original(*args, **kwargs)
-        finally:
-            prof.pop()
-
-    torch.nn.functional.linear = linear
+def _head_timers(prof: RoundProfiler, lm, category: str) -> Iterator[None]:
+    """Time a cache's vocabulary projection (`CachedLM.out_head` and the reduced `head.project`): the scorer calls
+    it after the model body, so a forward timer alone would leave it, the largest matmul of a pass, under "feed"."""
+    if lm is None:
+        yield
+        return
+    saved = []
+    for owner, name in ((getattr(lm, "out_head", None), "forward"), (getattr(lm, "head", None), "project")):
+        method = getattr(owner, name, None) if owner is not None else None
+        if callable(method):
+            saved.append((owner, name, vars(owner).get(name)))
+            setattr(owner, name, prof.timed(method, category))
     try:
         yield
     finally:
-        torch.nn.functional.linear = original
+        for owner, name, own in reversed(saved):
+            if own is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
 
 
 @contextmanager
@@ -201,7 +204,10 @@ def profiled(decoder, prof: RoundProfiler) -> Iterator[RoundProfiler]:
                 # the instance attribute shadows the class's method; deleting it restores the original
                 stack.callback(delattr, owner, name)
         stack.enter_context(_patched_functions(prof))
-        stack.enter_context(_draft_head_linear(prof))
+        stack.enter_context(_head_timers(prof, decoder.target, "target_head"))
+        lm = _resolve(decoder, "drafter.lm")
+        if lm is not None and lm is not decoder.target:
+            stack.enter_context(_head_timers(prof, lm, "draft_head"))
         stack.enter_context(_forward_timers(prof, pair.target, "target_forward"))
         if pair.draft is not pair.target:
             stack.enter_context(_forward_timers(prof, pair.draft, "draft_forward"))
