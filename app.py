@@ -271,7 +271,7 @@ def build_demo(pg: Playground) -> gr.Blocks:
         recorded.change(guarded(pg.export_trace, 1), [session], [export_btn], api_name="export_trace",
                         **trace_limit).then(lambda path: gr.DownloadButton(interactive=path is not None), [export_btn],
                                             [export_btn], api_visibility="private", **light)
-        # The same run's acceptance counters as vLLM reports them (docs/server-metrics.md).
+        # The same run's acceptance counters as vLLM reports them (docs/metrics.md, "Server metrics").
         recorded.change(server_metrics_file, [recorded], [metrics_btn], api_visibility="private",
                         **trace_limit).then(lambda path: gr.DownloadButton(interactive=path is not None),
                                             [metrics_btn], [metrics_btn], api_visibility="private", **light)

@@ -231,7 +231,7 @@ __all__ = ["build_breakeven", "build_zoo_lab", "build_zoo_real", "server_metrics
 
 def server_metrics_file(records: Sequence[RunRecord] | None) -> str | None:
     """The run on screen (the first record) as a vLLM-shaped metrics file for the download button; None without one
-    (docs/server-metrics.md)."""
+    (docs/metrics.md, "Server metrics")."""
     if not records or not records[0].rounds:
         return None
     return str(server_metrics.write_file(records[0], trace_dir()))

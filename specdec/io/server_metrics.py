@@ -7,7 +7,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos{position="i"}; its log line (`SpecD
 acceptance length 1 + accepted / drafts (counting the bonus token), the per-position acceptance rate
 accepted_per_pos[i] / drafts and the draft acceptance rate accepted / draft tokens. The scheduler records a draft
 only for a request that had draft tokens, so our rounds with gamma 0 (e.g. the ngram drafter found nothing) are
-not drafts. docs/server-metrics.md documents the mapping; `export` is the one place it is computed.
+not drafts. docs/metrics.md ("Server metrics") documents the mapping; `export` is the one place it is computed.
 
 Counts come from the rounds' fates, the same convention as RunRecord.metrics (specdec/core/metrics.py): a guess kept
 past a committed EOS or the token budget is not counted as accepted (vLLM's scheduler counts it; the numbers differ
@@ -30,7 +30,7 @@ from specdec.core.record import RunRecord
 
 FORMAT = "specdec.vllm-spec-decode-metrics/1"
 PROM_PREFIX = "vllm:spec_decode_"
-# key -> (type, meaning); the documented shape, checked by tests/test_server_metrics.py against docs/server-metrics.md
+# key -> (type, meaning); the documented shape, checked by tests/test_server_metrics.py against docs/metrics.md
 FIELDS: dict[str, tuple[type, str]] = {
     "num_spec_tokens": (int, "largest gamma of the run (vLLM: num_speculative_tokens, the per-position vector length)"),
     "num_drafts": (int, "rounds that drafted at least one token"),
