@@ -70,6 +70,11 @@ METHODS = (
     ("drafter.lm.crop", "cache"),
     ("drafter.lm.keep_in_head", "cache"),
     ("drafter.lm.feed", "feed"),
+    # The scorer projects the body's hidden states itself, so the heads are model work outside forward.
+    ("target.out_head.forward", "target_head"),
+    ("target.head.project", "target_head"),
+    ("drafter.lm.out_head.forward", "draft_head"),
+    ("drafter.lm.head.project", "draft_head"),
 )
 
 PROMPTS = (
@@ -146,48 +151,20 @@ def _patched_functions(prof: RoundProfiler) -> Iterator[None]:
             setattr(mod, name, original)
 
 
-@contextmanager
-def _head_timers(prof: RoundProfiler, lm, category: str) -> Iterator[None]:
-    """Time a cache's vocabulary projection (`CachedLM.out_head` and the reduced `head.project`): the scorer calls
-    it after the model body, so a forward timer alone would leave it, the largest matmul of a pass, under "feed"."""
-    if lm is None:
-        yield
+_ABSENT = object()
+
+
+def _shadow(stack: ExitStack, prof: RoundProfiler, owner, name: str, category: str) -> None:
+    """Shadow `owner.name` by a timed instance attribute until the stack closes, then put back what was there (an
+    earlier instance attribute, e.g. accelerate's own forward wrapper, or none). Methods are wrapped rather than
+    hooked: a module with hooks takes torch's slower call path, whose extra Python would be charged to the caller.
+    An owner shadowed twice (a drafter over the target's own cache) is put back in reverse order."""
+    method = getattr(owner, name, None) if owner is not None else None
+    if not callable(method):
         return
-    saved = []
-    for owner, name in ((getattr(lm, "out_head", None), "forward"), (getattr(lm, "head", None), "project")):
-        method = getattr(owner, name, None) if owner is not None else None
-        if callable(method):
-            saved.append((owner, name, vars(owner).get(name)))
-            setattr(owner, name, prof.timed(method, category))
-    try:
-        yield
-    finally:
-        for owner, name, own in reversed(saved):
-            if own is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, own)
-
-
-@contextmanager
-def _forward_timers(prof: RoundProfiler, model: torch.nn.Module, category: str) -> Iterator[None]:
-    """Time the model's forward; also its base model, which a reduced draft head calls on its own.
-
-    The forward methods are wrapped (an instance attribute shadows the class's method) rather than hooked: a
-    module with hooks takes torch's slower call path, whose extra Python would be charged to the caller.
-    """
-    saved = []
-    for module in {id(model): model, id(model.base_model): model.base_model}.values():
-        saved.append((module, module.__dict__.get("forward")))  # e.g. accelerate's own wrapper under a device map
-        module.forward = prof.timed(module.forward, category)
-    try:
-        yield
-    finally:
-        for module, own in reversed(saved):
-            if own is None:
-                del module.forward
-            else:
-                module.forward = own
+    own = vars(owner).get(name, _ABSENT)
+    setattr(owner, name, prof.timed(method, category))
+    stack.callback(lambda: delattr(owner, name) if own is _ABSENT else setattr(owner, name, own))
 
 
 @contextmanager
@@ -197,20 +174,14 @@ def profiled(decoder, prof: RoundProfiler) -> Iterator[RoundProfiler]:
     with ExitStack() as stack:
         for path, category in METHODS:
             owner_path, _, name = path.rpartition(".")
-            owner = _resolve(decoder, owner_path) if owner_path else decoder
-            method = getattr(owner, name, None) if owner is not None else None
-            if callable(method):
-                setattr(owner, name, prof.timed(method, category))
-                # the instance attribute shadows the class's method; deleting it restores the original
-                stack.callback(delattr, owner, name)
+            _shadow(stack, prof, _resolve(decoder, owner_path) if owner_path else decoder, name, category)
         stack.enter_context(_patched_functions(prof))
-        stack.enter_context(_head_timers(prof, decoder.target, "target_head"))
-        lm = _resolve(decoder, "drafter.lm")
-        if lm is not None and lm is not decoder.target:
-            stack.enter_context(_head_timers(prof, lm, "draft_head"))
-        stack.enter_context(_forward_timers(prof, pair.target, "target_forward"))
-        if pair.draft is not pair.target:
-            stack.enter_context(_forward_timers(prof, pair.draft, "draft_forward"))
+        # Each model's forward, and its base model's, which a cache's scorer calls on its own.
+        models = [(pair.target, "target_forward")] + ([(pair.draft, "draft_forward")] if pair.draft is not pair.target
+                                                      else [])
+        for model, category in models:
+            for module in {id(model): model, id(model.base_model): model.base_model}.values():
+                _shadow(stack, prof, module, "forward", category)
         yield prof
 
 
