@@ -32,7 +32,7 @@ python -m specdec generate --prompt "Explain a hash map" --chat --gamma 6 --temp
 python -m specdec generate --prompt "def add(a, b):" --drafter ngram --gamma 16 --tree 4,1,1,1
 python -m specdec generate --prompt "Hello" --target Qwen/Qwen2.5-1.5B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct
 python -m specdec bench --quick
-python -m specdec bench --suite --per-kind 2 --max-new-tokens 48
+python -m specdec bench --suite --max-new-tokens 48 --pair default-int4
 ```
 
 The benchmark modes and what each measured are in [benchmarks.md](benchmarks.md).

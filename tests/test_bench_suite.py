@@ -40,6 +40,16 @@ def test_suite_counts_every_contenders_target_passes(tmp_path, one_thread, capsy
     assert "best ours / best theirs" in capsys.readouterr().out
 
 
+def test_suite_runs_only_the_contenders_asked_for_beside_plain_generate(tmp_path, one_thread, capsys):
+    assert cmd_bench(_args(tmp_path, "--suite", "--quick", "--kinds", "math", "--max-new-tokens", "4",
+                           "--contenders", "model,hf_assisted"), _tiny) == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["contenders"] == ["hf_plain", "hf_assisted", "model"]
+    assert {s["contender"] for s in doc["samples"]} == {"hf_plain", "hf_assisted", "model"}
+    assert cmd_bench(_args(tmp_path, "--suite", "--quick", "--kinds", "math", "--contenders", "modle"), _tiny) == 2
+    assert "unknown suite contenders ['modle']" in capsys.readouterr().err
+
+
 def test_tree_bench_puts_chains_beside_trees(tmp_path, one_thread):
     assert cmd_bench(_args(tmp_path, "--tree", "--quick", "--kinds", "code", "--modes", "greedy",
                            "--max-new-tokens", "6"), _tiny) == 0

@@ -40,6 +40,8 @@ def add_bench_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--split", choices=["test", "tune"], default="test",
                     help="with --suite: the prompt half to run; defaults are tuned on 'tune' and reported on 'test' "
                          "(specdec.prompts.SUITE_SPLITS)")
+    ap.add_argument("--contenders", default=None, help="with --suite: comma-separated contenders to run (e.g. "
+                    "model,auto,hf_assisted; default: all); plain generate() always runs, every speedup is over it")
     ap.add_argument("--tree", action="store_true", help="chains against token trees: the draft model's chain and "
                     "top-k trees, prompt lookup's chain and copy tree, our plain decoding and transformers' assisted "
                     "generation, on code, prose, chat and grounded prompts (JSON to bench-results/trees.json)")

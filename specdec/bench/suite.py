@@ -40,6 +40,7 @@ import torch
 from specdec.bench.defaults import resolve
 from specdec.bench.harness import (Column, Contender, Job, assistant_for, interleaved, log, middle, ratio, table,
                                    timed_generate, timed_plain, timed_spec, warm_up, write_result)
+from specdec.core.errors import InvalidInputError
 from specdec.core.settings import DRAFTERS, DecodeSettings
 from specdec.prompts import SUITE, SUITE_SPLITS
 
@@ -154,17 +155,20 @@ def summarize_kind(samples: list[Run], names: list[str]) -> dict:
     tok_s = {n: toks[n] / secs[n] if secs[n] else None for n in names}
     speedup = {n: ratio(tok_s[n], tok_s[BASELINE]) for n in names}
     per_pass = {n: toks[n] / passes[n] if passes[n] else None for n in names}
-    ours = [n for n in names if n not in (BASELINE, OUR_PLAIN) and n not in THEIRS]
-    best_ours = max(ours, key=lambda n: speedup[n] or 0.0)
-    best_theirs = max(THEIRS, key=lambda n: speedup[n] or 0.0)
+    def best(group) -> str | None:  # the fastest of `group` that ran (None: none of them did)
+        ran = [n for n in group if n in names]
+        return max(ran, key=lambda n: speedup[n] or 0.0) if ran else None
+
+    def versus(a, b) -> float | None:
+        return ratio(speedup[a], speedup[b]) if a and b else None
+
+    best_ours = best([n for n in names if n not in (BASELINE, OUR_PLAIN) and n not in THEIRS])
+    best_theirs = best(THEIRS)
     out = {"tok_s": tok_s, "speedup": speedup, "tokens_per_pass": per_pass, "best_ours": best_ours,
-           "best_theirs": best_theirs, "best_vs_best": ratio(speedup[best_ours], speedup[best_theirs])}
-    copies = [n for n in OUR_COPIES if n in names]
-    if copies:  # lookup against lookup: our best copy drafter over transformers' best prompt lookup
-        ours_copy = max(copies, key=lambda n: speedup[n] or 0.0)
-        theirs_copy = max(THEIR_COPIES, key=lambda n: speedup[n] or 0.0)
-        out.update(best_copy_ours=ours_copy, best_copy_theirs=theirs_copy,
-                   copy_vs_copy=ratio(speedup[ours_copy], speedup[theirs_copy]))
+           "best_theirs": best_theirs, "best_vs_best": versus(best_ours, best_theirs)}
+    ours_copy, theirs_copy = best(OUR_COPIES), best(THEIR_COPIES)
+    if ours_copy:  # lookup against lookup: our best copy drafter over transformers' best prompt lookup
+        out.update(best_copy_ours=ours_copy, best_copy_theirs=theirs_copy, copy_vs_copy=versus(ours_copy, theirs_copy))
     return out
 
 
@@ -206,10 +210,27 @@ def quantized_pairs(pair, modes) -> dict:
     return out
 
 
+def wanted_contenders(names: str | None) -> set[str] | None:
+    """The contender names `names` (comma-separated) asks for, plain generate() always among them (every speedup
+    is over it); None when `names` is empty (all of them). An unknown name is an InvalidInputError."""
+    if not names:
+        return None
+    wanted = {n.strip() for n in names.split(",") if n.strip()} | {BASELINE}
+    known = [BASELINE, *THEIRS, OUR_PLAIN, *OURS]
+    unknown = wanted - set(known)
+    if unknown:
+        raise InvalidInputError(f"unknown suite contenders {sorted(unknown)}; choose from {', '.join(known)}")
+    return wanted
+
+
 def cmd_suite(args, load) -> int:
-    pair = load()
     ours = [n for n, cfg in OURS.items() if cfg.settings["drafter"] in DRAFTERS]
     run = resolve(args, "suite")
+    try:
+        wanted = wanted_contenders(getattr(args, "contenders", None))
+    except InvalidInputError as exc:
+        log(str(exc))
+        return 2
     kinds = run.kinds
     prompts = SUITE_SPLITS[args.split]
     unknown = [k for k in kinds if k not in prompts]
@@ -218,7 +239,9 @@ def cmd_suite(args, load) -> int:
         return 2
     per_kind = 1 if run.quick else (args.per_kind or None)
     jobs = [Job(k, "greedy", p, True) for k in kinds for p in prompts[k][:per_kind]]
+    pair = load()
     field = contenders(pair, ours, quantized_pairs(pair, sorted({OURS[n].quant for n in ours} - {""})))
+    field = [c for c in field if wanted is None or c.name in wanted]
     base = DecodeSettings(max_new_tokens=run.max_new_tokens, chat=True)
     samples = run_suite(pair, jobs, field, run.repeats, base)
     names = [c.name for c in field]
