@@ -25,6 +25,9 @@ def load_script(name: str):
     spec.loader.exec_module(module)
     return module
 ARTIFACTS = ROOT / "test-artifacts"
+# Where the browser tests put the pictures the docs show: test-artifacts/ unless SPECDEC_SCREENSHOTS names another
+# folder (SPECDEC_SCREENSHOTS=docs/screenshots refreshes the docs' copies), so a test run leaves the tree clean.
+SCREENSHOTS = Path(os.environ.get("SPECDEC_SCREENSHOTS") or ARTIFACTS)
 DEBIAN_CHROMIUM = "/usr/bin/chromium"  # SPECDEC_CHROMIUM replaces it (a path that is missing hides it)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update"]

@@ -1,5 +1,5 @@
 """The Race tab in headless Chromium: plain, draft-model and ngram lanes on an input-grounded prompt at T = 0 must
-write the same text. The screenshot goes to docs/screenshots/race.png.
+write the same text. The screenshot goes to race.png under tests.conftest.SCREENSHOTS.
 
 By default the app runs the tiny pair (shared `app_url`); SPECDEC_RACE_PAIR=default runs this test on the embedded
 pair instead (minutes; run it under the heavy-job lock), which is how the README screenshot is made.
@@ -12,11 +12,11 @@ import os
 import pytest
 
 from specdec.prompts import GROUNDED
-from tests.conftest import ARTIFACTS, ROOT, start_app, stop_app
+from tests.conftest import ARTIFACTS, SCREENSHOTS, start_app, stop_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.app]
 
-SHOT = ROOT / "docs" / "screenshots" / "race.png"
+SHOT = SCREENSHOTS / "race.png"
 ALL_DONE = """() => {
   const lanes = document.querySelectorAll('#race-view .race-lane');
   return lanes.length === 3 && [...lanes].every(l => l.dataset.state === 'done');

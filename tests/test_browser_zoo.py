@@ -1,23 +1,23 @@
 """The bug zoo and the break-even map in headless Chromium against `python app.py` on the tiny pair.
 
 Run under the shared lock: `flock /tmp/specdec-heavy.lock pytest -m browser tests/test_browser_zoo.py`.
-Screenshots go to docs/screenshots/zoo.png, docs/screenshots/zoo-eleven.png (the tree entry and every
-entry's verdict) and docs/screenshots/breakeven.png.
+Screenshots go to zoo.png, zoo-eleven.png (the tree entry and every entry's verdict) and breakeven.png under
+tests.conftest.SCREENSHOTS (test-artifacts/ unless SPECDEC_SCREENSHOTS says otherwise).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from components.zoo import ZOO_CHOICES
 from specdec.learn import zoo
+from tests.conftest import SCREENSHOTS
 from tests.test_browser_learn import _open_learn, _record_a_run, _wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.app]
-SHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+SHOTS = SCREENSHOTS
 LABELS = {key: label for label, key in ZOO_CHOICES}
 EXPECTED = {key: "exact" if key == "none" else ("hidden" if key == "bf16-draw" else "caught") for key in zoo.ENTRIES}
 
