@@ -27,7 +27,7 @@ def test_suite_counts_every_contenders_target_passes(tmp_path, one_thread, capsy
                      _tiny) == 0
     doc = json.loads((tmp_path / "out.json").read_text())
     assert set(doc["kinds"]) == {"translation", "math"}
-    assert {"model", "ngram", "ngram_gain", "suffix", "auto", "model_int8", "model_int4", "auto_int4",
+    assert {"model", "model_expected", "ngram", "ngram_gain", "suffix", "auto", "model_int8", "model_int4", "auto_int4",
             "hf_lookup_5", "hf_lookup_10", "hf_lookup_20"} <= set(doc["contenders"])
     assert doc["split"] == "test"
     for kind in doc["kinds"].values():

@@ -1,7 +1,7 @@
 """The suffix drafter (drafters/suffix.py) and copy length by expected gain (drafters/gain.py): the index's counts
-and choices, its incremental cost, where a copy came from, exactness (greedy = plain greedy on the tiny fp32 pair;
-the joint law of the first 3 tokens at T = 1 by chi-square, failing on a planted wrong q), and that one session's
-earlier runs never reach another session's index."""
+and choices, its incremental cost, where a copy came from, exactness (greedy = plain greedy on the tiny fp32 pair
+and on the real fp32 pair; the joint law of the first 3 tokens at T = 1 by chi-square, failing on a planted wrong
+q), and that one session's earlier runs never reach another session's index."""
 
 from __future__ import annotations
 
@@ -192,6 +192,24 @@ def test_greedy_tree_rounds_equal_plain_greedy(tiny_pair):
     while not dec.done:
         dec.step()
     assert dec.ids[len(dec.prompt_ids):] == ref
+
+
+@pytest.mark.slow
+def test_greedy_equals_plain_greedy_on_the_real_pair(real_pair_fp32, real_greedy):
+    """fp32 on a CPU: the embedded pair with the suffix drafter (fixed and expected-gain copy lengths, with an earlier
+    run in its index) and with prompt lookup under the expected policy writes plain greedy's text, copies kept."""
+    prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
+              "def area_of_square(s):\n")  # the real-pair copy-tree test's prompt: one greedy reference for both
+    n = 24
+    ref = real_greedy(prompt, n)
+    earlier = real_pair_fp32.tokenizer.decode(ref[:12])
+    for drafter, policy, history in (("suffix", "fixed", ()), ("suffix", "expected", (earlier,)),
+                                     ("ngram", "expected", ())):
+        s = DecodeSettings(drafter=drafter, gamma=16, gamma_policy=policy, max_new_tokens=n)
+        dec = SpeculativeDecoder(real_pair_fp32, prompt, s, history=history)
+        rounds = list(dec)
+        assert dec.generated_ids == ref, (drafter, policy, real_pair_fp32.tokenizer.decode(dec.generated_ids))
+        assert sum(r.n_accepted for r in rounds) > 0, (drafter, policy)  # copies were proposed and kept
 
 
 @pytest.mark.stat

@@ -11,7 +11,8 @@ Tokens per target pass are counted the same way for every contender: a forward p
 counts its calls during the run (prefill included), so transformers' loops are measured by the same rule as ours.
 
 Contenders:
-- ours: the draft model at γ 4 (`model`), the same with its int8, int4 and int4-all drafts (`model_int8`,
+- ours: the draft model at γ 4 (`model`) and with each round's γ chosen by the expected policy from the run's own
+  acceptance and cost (`model_expected`, loop.gamma), the same with its int8, int4 and int4-all drafts (`model_int8`,
   `model_int4`, `model_int4all`, models.quant; bf16 pairs on a CPU), prompt lookup at γ 32 (`ngram`) and with each
   copy's length chosen by expected gain (`ngram_gain`, the expected policy), the suffix index (`suffix`), the hybrid
   drafter at γ 4 (`auto`) and with the int4 draft at γ 16 under the confidence policy at 0.6, the model leading each
@@ -55,7 +56,9 @@ class Ours(NamedTuple):
     hybrid_lead: str = "copy"
 
 
-OURS = {"model": Ours("", {"drafter": "model", "gamma": 4}), "ngram": Ours("", {"drafter": "ngram", "gamma": 32}),
+OURS = {"model": Ours("", {"drafter": "model", "gamma": 4}),
+        "model_expected": Ours("", {"drafter": "model", "gamma": 4, "gamma_policy": "expected"}),
+        "ngram": Ours("", {"drafter": "ngram", "gamma": 32}),
         "ngram_gain": Ours("", {"drafter": "ngram", "gamma": 32, "gamma_policy": "expected"}),
         "suffix": Ours("", {"drafter": "suffix", "gamma": 32}),
         "auto": Ours("", {"drafter": "auto", "gamma": 4}),
