@@ -158,6 +158,7 @@ def summarize_kind(samples: list[Run], names: list[str]) -> dict:
     tok_s = {n: toks[n] / secs[n] if secs[n] else None for n in names}
     speedup = {n: ratio(tok_s[n], tok_s[BASELINE]) for n in names}
     per_pass = {n: toks[n] / passes[n] if passes[n] else None for n in names}
+
     def best(group) -> str | None:  # the fastest of `group` that ran (None: none of them did)
         ran = [n for n in group if n in names]
         return max(ran, key=lambda n: speedup[n] or 0.0) if ran else None
@@ -227,13 +228,13 @@ def wanted_contenders(names: str | None) -> set[str] | None:
 
 
 def cmd_suite(args, load) -> int:
-    ours = [n for n, cfg in OURS.items() if cfg.settings["drafter"] in DRAFTERS]
     run = resolve(args, "suite")
     try:
         wanted = wanted_contenders(getattr(args, "contenders", None))
     except InvalidInputError as exc:
         log(str(exc))
         return 2
+    ours = [n for n, cfg in OURS.items() if cfg.settings["drafter"] in DRAFTERS and (wanted is None or n in wanted)]
     kinds = run.kinds
     prompts = SUITE_SPLITS[args.split]
     unknown = [k for k in kinds if k not in prompts]
