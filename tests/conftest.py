@@ -168,6 +168,9 @@ def release_real_pairs():
 
 
 REFERENCE_TOKENS = 24  # the longest reference the real-pair tests compare against
+# Code that repeats itself, the real-pair copy tests' shared prompt (one greedy reference serves them all)
+REPEATING_CODE = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
+                  "def area_of_square(s):\n")
 _GREEDY_REFERENCES: dict[tuple[str, bool], tuple[list[int], int]] = {}  # kept for the run; the pair is not
 
 

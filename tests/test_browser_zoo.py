@@ -17,7 +17,6 @@ from tests.conftest import SCREENSHOTS
 from tests.test_browser_learn import _open_learn, _record_a_run, _wait_text
 
 pytestmark = [pytest.mark.browser, pytest.mark.app]
-SHOTS = SCREENSHOTS
 LABELS = {key: label for label, key in ZOO_CHOICES}
 EXPECTED = {key: "exact" if key == "none" else ("hidden" if key == "bf16-draw" else "caught") for key in zoo.ENTRIES}
 
@@ -28,11 +27,11 @@ def _pick(page, selector: str, label: str) -> None:
 
 
 def _shot(page, selector: str, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     el = page.locator(selector).first
     el.scroll_into_view_if_needed()
     page.wait_for_timeout(400)  # let Plotly finish its transition before the picture
-    el.screenshot(path=str(SHOTS / name))
+    el.screenshot(path=str(SCREENSHOTS / name))
 
 
 def test_every_zoo_entry_shows_its_verdict_at_the_default_n(page, app_url):

@@ -24,6 +24,7 @@ from specdec.learn.lab import chi_square
 from specdec.loop import tree as tree_loop
 from specdec.loop.plain import plain_decode
 from specdec.loop.tree import TreeDecoder
+from tests.conftest import REPEATING_CODE
 from tests.test_drafters import LOOPY_PROMPT, SAMPLED, exact_joint
 
 N_SAMPLES = 400
@@ -270,8 +271,7 @@ def test_the_chi_square_catches_copied_children_verified_as_if_sampled(no_eos, o
 @pytest.mark.slow
 def test_greedy_copied_trees_equal_plain_greedy_on_the_real_pair(real_pair_fp32, real_greedy):
     """fp32 on a CPU: the embedded pair's ngram and predicted tree rounds write plain greedy's text."""
-    prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
-              "def area_of_square(s):\n")
+    prompt = REPEATING_CODE
     s = DecodeSettings(max_new_tokens=24)
     ref = real_greedy(prompt, s.max_new_tokens)
     truth = real_pair_fp32.tokenizer.decode(ref)

@@ -20,6 +20,7 @@ from specdec.drafters import Draft, make_drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.loop.decoder import SpeculativeDecoder
 from specdec.loop.plain import plain_decode
+from tests.conftest import REPEATING_CODE
 from tests.test_drafters import LOOPY_PROMPT, N_SAMPLES, SAMPLED, joint_chi_square
 
 # "d" then "jjjj": the suffix "jjj" recurs one token back (a strong, 3-token match) with one "j" after it before
@@ -228,8 +229,7 @@ def test_auto_is_a_drafter_everywhere(no_eos, tiny_pair, capsys):
 @pytest.mark.slow
 def test_real_pair_greedy_hybrid_equals_plain_greedy(real_pair_fp32, real_greedy):
     """fp32 on a CPU: the embedded pair's hybrid rounds (copied, model and mixed) write plain greedy's text."""
-    prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
-              "def area_of_square(s):\n")
+    prompt = REPEATING_CODE
     s = DecodeSettings(drafter="auto", gamma=6, max_new_tokens=24)
     ref = real_greedy(prompt, s.max_new_tokens)
     dec = SpeculativeDecoder(real_pair_fp32, prompt, s)

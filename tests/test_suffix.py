@@ -19,6 +19,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import DEPTH, SuffixDrafter, SuffixIndex
 from specdec.loop.decoder import SpeculativeDecoder, rerun
 from specdec.loop.plain import plain_decode
+from tests.conftest import REPEATING_CODE
 from tests.test_drafters import N_SAMPLES, SAMPLED, SmoothedQ, _ngram_prompt, joint_chi_square
 
 V = 1000
@@ -198,8 +199,7 @@ def test_greedy_tree_rounds_equal_plain_greedy(tiny_pair):
 def test_greedy_equals_plain_greedy_on_the_real_pair(real_pair_fp32, real_greedy):
     """fp32 on a CPU: the embedded pair with the suffix drafter (fixed and expected-gain copy lengths, with an earlier
     run in its index) and with prompt lookup under the expected policy writes plain greedy's text, copies kept."""
-    prompt = ("def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n\n"
-              "def area_of_square(s):\n")  # the real-pair copy-tree test's prompt: one greedy reference for both
+    prompt = REPEATING_CODE
     n = 24
     ref = real_greedy(prompt, n)
     earlier = real_pair_fp32.tokenizer.decode(ref[:12])
