@@ -1,5 +1,6 @@
-"""Prepacked CPU linear layers (specdec.models.prepack): bit-identical to nn.Linear on every pass width, actually
-used for narrow passes (a planted wrong packing shows through), off for wide passes and inside plain_kernels(),
+"""Prepacked CPU linear layers (specdec.models.prepack): bit-identical to nn.Linear on every narrow pass width and
+to nn.Linear on narrow pieces for wide ones, actually used (a planted wrong packing shows through), off inside
+plain_kernels(), their plain weights' pages handed back to the checkpoint file with the numbers unchanged,
 kept out of float32 and non-CPU pairs, safe to deep-copy and to quantize, and the speculative loop on a prepacked
 bf16 pair gives exactly the ids of the same pair unpacked."""
 
@@ -32,7 +33,7 @@ def _tiny_bf16(seed: int = 0):
     return target.to(BF16).eval(), draft.to(BF16).eval()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 33, PREPACK_ROWS, PREPACK_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 33, PREPACK_ROWS])
 @pytest.mark.parametrize("shape", [(1536, 1536), (8960, 1536), (1536, 8960)])
 def test_layer_is_bit_identical_to_linear_on_the_embedded_targets_shapes(rows, shape):
     """The embedded target's bias-free projections (attention output, MLP up and down), on a cancelling probe of
@@ -65,7 +66,8 @@ def test_the_cancelling_probe_shows_a_change_of_summation_order_that_random_inpu
 
 
 def test_narrow_passes_use_the_packed_weight_and_plain_kernels_do_not():
-    """Plant a packing of another weight: narrow passes show it, wide passes and plain_kernels() do not."""
+    """Plant a packing of another weight: narrow passes and the pieces of a wide pass show it, plain_kernels()
+    does not."""
     linear = nn.Linear(64, 80, bias=False).to(BF16)
     layer = PrepackedLinear.from_linear(linear)
     narrow = torch.randn(3, 64).to(BF16)
@@ -76,7 +78,29 @@ def test_narrow_passes_use_the_packed_weight_and_plain_kernels_do_not():
         assert torch.equal(layer(narrow), linear(narrow))
     assert torch.equal(layer(narrow), torch.zeros(3, 80, dtype=BF16))  # back on once the block ends
     wide = torch.randn(PREPACK_ROWS + 1, 64).to(BF16)
-    assert torch.equal(layer(wide), linear(wide))
+    cuts = torch.tensor([0] + layer.piece_widths(len(wide))).cumsum(0).tolist()
+    planted = [torch.zeros(b - a, 80, dtype=BF16) if layer.same_bits(b - a) else linear(wide[a:b])
+               for a, b in zip(cuts, cuts[1:])]  # a width whose bits differ runs on F.linear
+    assert torch.equal(layer(wide), torch.cat(planted)) and layer(wide).abs().sum() < linear(wide).abs().sum()
+    with plain_kernels():
+        assert torch.equal(layer(wide), linear(wide))
+
+
+@pytest.mark.parametrize("rows", [PREPACK_ROWS + 1, 2 * PREPACK_ROWS, 2 * PREPACK_ROWS + 37])
+@pytest.mark.parametrize("shape", [(1536, 1536), (8960, 1536)])
+def test_a_wide_pass_is_its_narrow_pieces(rows, shape):
+    """A pass over more than PREPACK_ROWS rows gives, row for row, F.linear's bits on pieces of PREPACK_ROWS rows
+    and the rest (on a cancelling probe: any change of summation order shows), in a batch of any shape."""
+    n, k = shape
+    weight, probe = cancelling_probe(n, k, rows, seed=2000 + rows)
+    layer = PrepackedLinear(weight)
+    widths = layer.piece_widths(rows)
+    assert sum(widths) == rows and max(widths) <= PREPACK_ROWS and widths == sorted(widths, reverse=True)
+    assert widths[0] == PREPACK_ROWS or not layer.same_bits(PREPACK_ROWS)
+    cuts = torch.tensor([0] + widths).cumsum(0).tolist()
+    pieces = torch.cat([nn.functional.linear(probe[a:b], weight) for a, b in zip(cuts, cuts[1:])])
+    assert torch.equal(layer(probe), pieces)
+    assert torch.equal(layer(probe.view(1, rows, k)), pieces.view(1, rows, n))
 
 
 @torch.inference_mode()
@@ -191,3 +215,37 @@ def test_the_app_default_pair_is_prepacked_and_bit_identical():
                 out.append(lm.feed(list(range(100, 100 + width)), n_logits=width))
         runs.append(out)
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@torch.inference_mode()
+def test_a_loaded_model_leaves_its_plain_weights_to_the_file_and_keeps_its_numbers(tmp_path):
+    """A bf16 checkpoint loaded as transformers maps it, prepacked and checked as a pair load does: the plain
+    weights of its packed layers are handed back to the file (the tied head is not: the embedding reads it), and the
+    logits of a wide prefill and of narrow passes after it are the same bits before and after, and inside
+    plain_kernels() (which reads the plain weights again) for passes of at most PREPACK_ROWS rows."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.models.prepack import check_widths, drop_plain_pages
+
+    target, _ = _tiny_bf16()
+    target.save_pretrained(str(tmp_path))
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=BF16).eval()
+    prepack(model)
+    check_widths(model)
+    vocab = model.config.vocab_size
+    prompt = [(3 * i) % vocab for i in range(2 * PREPACK_ROWS + 9)]
+
+    def run(prefill):
+        lm = CachedLM(model, vocab)
+        out = [lm.feed(prefill, n_logits=len(prefill))]
+        for width in (1, 5):
+            out.append(lm.feed([(11 * width + i) % vocab for i in range(width)], n_logits=width))
+        return out
+
+    before, short = run(prompt), run(prompt[:40])
+    assert drop_plain_pages(model) > 0
+    head = model.get_output_embeddings()
+    assert head.weight is model.get_input_embeddings().weight  # tied: left resident
+    assert all(torch.equal(a, b) for a, b in zip(before, run(prompt)))
+    with plain_kernels():
+        assert all(torch.equal(a, b) for a, b in zip(short, run(prompt[:40])))

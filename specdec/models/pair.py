@@ -32,7 +32,7 @@ import torch
 from specdec.models.embedded import EMBEDDED, Progress, embedded_folder
 from specdec.models.embedded import say as _say
 from specdec.core.errors import ModelLoadError, UnsupportedModelError, VocabularyMismatchError
-from specdec.models.prepack import check_widths, prepack, prepack_supported, prepacked
+from specdec.models.prepack import check_widths, drop_plain_pages, prepack, prepack_supported, prepacked
 from specdec.models.quant import check_quant_support, quantize, resolve_quant, settle_dense_rows
 from specdec.core.record import PairInfo
 from specdec.core.static_cache import resolve_engine
@@ -308,6 +308,10 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
         prepack(pair.draft)  # a quantized draft has no float linear layers left
         for model in (pair.target, pair.draft):
             check_widths(model, say=lambda m: _say(progress, m))
+        dropped = sum(drop_plain_pages(model) for model in (pair.target, pair.draft))
+        if dropped:
+            _say(progress, f"{dropped / 2**20:.0f} MiB of plain weights left to the checkpoint file (packed copies "
+                           "serve every pass)")
     release_freed_memory()
     return pair
 

@@ -9,13 +9,16 @@ Prepacking never changes a number. Whether the packed kernel adds a product in t
 property of the CPU and the pass width, so every (shape, width) is checked with a probe that shows any difference
 in summation order (`kernels_agree`); a width that differs runs on `F.linear`. `check_widths` settles every width a
 narrow pass can have when a pair loads and keeps the verdicts on disk per CPU, torch build and dtype
-(`specdec.models.disk_cache`), so no visitor's run pays a check. Over PREPACK_ROWS rows (a prompt's prefill) the
-matmul is compute-bound and packing gains nothing, so those passes keep `F.linear`.
+(`specdec.models.disk_cache`), so no visitor's run pays a check. A pass over PREPACK_ROWS rows (a prompt's prefill)
+runs as narrow pieces of PREPACK_ROWS rows and the rest, each on the kernel its width's verdict allows: every row's
+numbers are F.linear's on its piece, and no pass of this engine reads a plain weight that has a usable packed copy.
+`drop_plain_pages` then hands those weights' pages back to the checkpoint file they are mapped from, so the packed
+copies do not hold the target's weights twice in RAM; the pages fault back in wherever a plain weight is read.
 
 `prepack(model)` swaps every bias-free `nn.Linear` of a CPU model in bfloat16 for a `PrepackedLinear` that keeps the
-original weight (shared, not copied: the output head may be tied to the input embeddings) beside its packed copy, so a
-prepacked model holds its linear weights twice, except where `check_widths` (which packs the layers) finds the packed
-kernel usable at too few of the common widths and frees the copy. The swap is made when a pair loads (`models.pair`,
+original weight (shared, not copied: the output head may be tied to the input embeddings) beside its packed copy; where
+`check_widths` (which packs the layers) finds the packed kernel usable at too few of the common widths, it frees the
+copy instead. The swap is made when a pair loads (`models.pair`,
 on a CPU in bfloat16; SPECDEC_PREPACK=0 turns it off). `plain_kernels()` runs the block inside it on `F.linear` again: the
 benchmarks run transformers' own loops in it, so that "transformers" there means transformers as it ships.
 """
@@ -35,7 +38,7 @@ from torch import nn
 from specdec.models import disk_cache
 
 PREPACK_DTYPES = (torch.bfloat16,)  # fp32 measured no faster packed; fp16 is not packed for the CPU here
-PREPACK_ROWS = 64  # passes over more rows than this use F.linear (compute-bound: packing measured no gain)
+PREPACK_ROWS = 64  # the widest pass the packed kernel runs whole (each width checked); wider ones run in pieces
 PREPACK_MIN_ROWS = 256  # select_rows packs a row subset of at least this many rows (fewer: plain weight rows)
 # The pass widths most runs are made of: a plain or a draft step (1 row) and a chain's verify (gamma + 1 <= 16). A
 # shape whose packed kernel gives F.linear's bits at fewer than half of them frees its packed copies (check_widths):
@@ -219,6 +222,7 @@ class PrepackedLinear(nn.Linear):
         # A plain attribute: an opaque oneDNN tensor, not part of the state dict; None until packed.
         self.packed = _pack(weight) if pack else None
         self._packing_ok: bool | None = None  # packing_ok's verdict, once made
+        self._agreeing: list[int] | None = None  # piece_widths' widths, widest first, once known
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, pack: bool = True) -> "PrepackedLinear":
@@ -227,11 +231,42 @@ class PrepackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(self.in_features, 1)
         if (torch.compiler.is_compiling()  # a compiled graph traces F.linear (inductor packs weights itself)
-                or rows > PREPACK_ROWS or x.dtype != self.weight.dtype or x.device.type != "cpu" or _PLAIN.get()):
+                or x.dtype != self.weight.dtype or x.device.type != "cpu" or _PLAIN.get()):
             return nn.functional.linear(x, self.weight, self.bias)
+        if rows > PREPACK_ROWS:
+            if self.packing_freed:
+                return nn.functional.linear(x, self.weight, self.bias)
+            return self._in_pieces(x, rows)
+        return self._narrow(x, rows)
+
+    def _narrow(self, x: torch.Tensor, rows: int) -> torch.Tensor:
         if not self.same_bits(rows):  # packs on the first narrow pass (packing_ok) unless freed for good
             return nn.functional.linear(x, self.weight, self.bias)
         return packed_linear(x.contiguous(), self.packed, self.bias)
+
+    def _in_pieces(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """A wide pass (a prompt's prefill) as narrow passes, each as wide as the rows left allow among the widths
+        whose packed bits are F.linear's (`piece_widths`): every row's numbers are F.linear's on its piece, and a
+        wide pass reads no plain weight that a packed copy serves (`drop_plain_pages`)."""
+        flat = x.reshape(rows, self.in_features)
+        out, start = [], 0
+        for width in self.piece_widths(rows):
+            out.append(self._narrow(flat[start:start + width], width))
+            start += width
+        return torch.cat(out).view(*x.shape[:-1], self.out_features)
+
+    def piece_widths(self, rows: int) -> list[int]:
+        """How a pass of `rows` rows is cut: greedily the widest width of at most PREPACK_ROWS rows whose packed
+        kernel agrees with F.linear (PREPACK_ROWS itself where it does), the rest the same way; where no width that
+        fits agrees, the rest in one piece of PREPACK_ROWS (on F.linear)."""
+        if self._agreeing is None:
+            self._agreeing = [w for w in range(PREPACK_ROWS, 0, -1) if self.same_bits(w)]
+        out = []
+        while rows > 0:
+            width = next((w for w in self._agreeing if w <= rows), min(rows, PREPACK_ROWS))
+            out.append(width)
+            rows -= width
+        return out
 
     def same_bits(self, rows: int) -> bool:
         """Whether passes of `rows` rows through the packed weight give F.linear's bits. oneDNN and F.linear may
@@ -310,3 +345,19 @@ def prepack(model: nn.Module) -> int:
 def prepacked(model: nn.Module) -> int:
     """How many of the model's layers are PrepackedLinear now (0: none; a quantized copy has none left)."""
     return sum(isinstance(m, PrepackedLinear) for m in model.modules())
+
+
+def drop_plain_pages(model: nn.Module) -> int:
+    """Hand back the resident pages of the plain weights that no pass of this engine reads any more: those of the
+    PrepackedLinear layers whose packed copy is in use, not tied to another module (an embedding table is read by
+    lookups) and mapped from the checkpoint file (`specdec.models.pages`). Narrow passes read the packed copy, wide
+    ones run in narrow pieces (`PrepackedLinear._in_pieces`), so these pages come back only where the plain weight
+    is read: inside plain_kernels(), in a compiled graph, at a width whose packed bits differ, or to copy the model.
+    Returns the bytes advised (the embedded target: its attention output and MLP weights, ~2.3 GiB)."""
+    from specdec.models.pages import drop_resident
+
+    shared = {id(p) for m in model.modules() if not isinstance(m, PrepackedLinear) for p in m.parameters(False)}
+    weights = [m.weight for m in model.modules()
+               if isinstance(m, PrepackedLinear) and m.packed is not None and m._packing_ok
+               and id(m.weight) not in shared]
+    return drop_resident(weights)
