@@ -192,3 +192,29 @@ def test_freed_heap_pages_go_back_to_the_system():
     del blocks
     assert release_freed_memory()
     assert rss() < grown - 150
+
+
+def test_pairs_of_one_target_share_its_loaded_model(cache, tmp_path):
+    """Two cached pairs with the same target (ids, dtype, device) hold one copy of it: the second load builds only
+    its draft, and both decode as each would alone. A private pair (shared=False) loads its own."""
+    from specdec.models.tiny import tiny_models, tiny_tokenizer
+
+    cache.max_pairs = 2
+    tok = tiny_tokenizer()
+    folders = {}
+    for name, seed in (("t", 0), ("d1", 1), ("d2", 2)):
+        model, _ = tiny_models(len(tok), seed)
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        folders[name] = str(tmp_path / name)
+    one = load_pair(target=folders["t"], draft=folders["d1"], dtype="bfloat16", device="cpu")
+    two = load_pair(target=folders["t"], draft=folders["d2"], dtype="bfloat16", device="cpu")
+    assert two.target is one.target and two.tokenizer is one.tokenizer and two.draft is not one.draft
+    alone = load_pair(target=folders["t"], draft=folders["d2"], dtype="bfloat16", device="cpu", shared=False)
+    assert alone.target is not one.target
+    runs = []
+    for pair in (two, alone):
+        dec = SpeculativeDecoder(pair, "the cat sat on the mat", GREEDY)
+        list(dec)
+        runs.append((dec.generated_ids, [r.n_accepted for r in dec.rounds]))
+    assert runs[0] == runs[1]

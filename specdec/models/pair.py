@@ -294,8 +294,10 @@ def _input_device(model: torch.nn.Module) -> torch.device:
 
 
 def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None,
-                draft_quant: str = "") -> ModelPair:
-    pair = _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map, max_memory)
+                draft_quant: str = "", sibling: ModelPair | None = None) -> ModelPair:
+    """sibling: a loaded pair with the same target (ids, dtype, device, no device map) whose target and tokenizer
+    the new pair shares (models are used read-only), so a second preset of one target loads only its draft."""
+    pair = _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map, max_memory, sibling)
     if draft_quant:
         _say(progress, f"quantizing the draft ({draft_quant})")
         check_quant_support(dt, pair.device, draft_quant)  # a device map may have put the draft elsewhere than `dev`
@@ -304,11 +306,12 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
         pair.draft_quant = draft_quant
     if device_map is None and prepack_supported(dt, dev):
         _say(progress, "prepacking the linear layers for the CPU")
-        prepack(pair.target)
-        prepack(pair.draft)  # a quantized draft has no float linear layers left
-        for model in (pair.target, pair.draft):
+        models = [pair.draft] if sibling is not None else [pair.target, pair.draft]  # a shared target is packed
+        for model in models:
+            prepack(model)  # a quantized draft has no float linear layers left
+        for model in models:
             check_widths(model, say=lambda m: _say(progress, m))
-        dropped = sum(drop_plain_pages(model) for model in (pair.target, pair.draft))
+        dropped = sum(drop_plain_pages(model) for model in models)
         if dropped:
             _say(progress, f"{dropped / 2**20:.0f} MiB of plain weights left to the checkpoint file (packed copies "
                            "serve every pass)")
@@ -347,7 +350,8 @@ def quantized_draft_pair(pair: ModelPair, mode: str = "int8", dtype: torch.dtype
     return dataclasses.replace(pair, draft=draft, draft_quant=label, leases=0)
 
 
-def _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None) -> ModelPair:
+def _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, max_memory=None,
+                      sibling: ModelPair | None = None) -> ModelPair:
     if target_id.startswith("tiny:") or draft_id.startswith("tiny:"):
         if not (target_id.startswith("tiny:") and draft_id.startswith("tiny:")):
             other = draft_id if target_id.startswith("tiny:") else target_id
@@ -366,8 +370,12 @@ def _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map=
 
     t_src = _source(target_id, progress, dt)
     d_src = _source(draft_id, progress, dt)
-    _say(progress, f"loading tokenizer ({target_id})")
-    tok = _load_tokenizer(t_src)
+    if sibling is not None:
+        _say(progress, f"sharing the loaded target {target_id}")
+        tok = sibling.tokenizer
+    else:
+        _say(progress, f"loading tokenizer ({target_id})")
+        tok = _load_tokenizer(t_src)
     draft_tok = tok if d_src == t_src or same_tokenizer_files(t_src, d_src) else _load_tokenizer(d_src)
     if not same_vocabulary(tok, draft_tok):
         raise VocabularyMismatchError(
@@ -381,8 +389,11 @@ def _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map=
         offload = tempfile.TemporaryDirectory(prefix="specdec-offload-")
         placement = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload.name}
     where = f"device map {device_map if isinstance(device_map, str) else '(dict)'}" if placement else str(dev)
-    _say(progress, f"loading target {target_id} ({str(dt).replace('torch.', '')}, {where})")
-    tgt = _load_folder(t_src, dt, dev, placement)
+    if sibling is not None:
+        tgt = sibling.target
+    else:
+        _say(progress, f"loading target {target_id} ({str(dt).replace('torch.', '')}, {where})")
+        tgt = _load_folder(t_src, dt, dev, placement)
     hf_map = None
     if placement:
         tgt._specdec_offload_dir = offload  # keeps the offloaded weights on disk exactly as long as the model
@@ -608,6 +619,9 @@ def _load_pair(name, target, draft, dtype, device, device_map, max_memory, progr
     with _LOAD_LOCK:
         pair = PAIR_CACHE.get(key)
         if pair is None:
-            pair = _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory, quant)
+            sibling = None if placement or target_id.startswith("tiny:") else next(
+                (p for p in PAIR_CACHE.pairs() if (p.target_id, p.dtype, str(p.device), p.device_map)
+                 == (target_id, dt, str(dev), None) and p.prepacked == prepack_supported(dt, dev)), None)
+            pair = _build_pair(label, target_id, draft_id, dt, dev, progress, dmap, max_memory, quant, sibling)
             PAIR_CACHE.put(key, pair, pin=_pinned(name, custom))
         return pair
