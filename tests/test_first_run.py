@@ -59,8 +59,9 @@ def test_the_load_progress_only_moves_forward_and_ends_full():
              + [f"assembling qwen2.5-coder-0.5b-instruct.gguf: part {i}/6" for i in range(1, 7)]
              + ["converting qwen2.5-coder-0.5b-instruct.gguf to safetensors (one time, about a minute)",
                 "loading tokenizer (embedded:x)", "loading target embedded:x (bfloat16, cpu)", "loading draft x",
-                "target and draft loaded", "quantizing the draft (int4)", "prepacking the linear layers for the CPU",
+                "target and draft loaded", "prepacking the target's linear layers for the CPU",
                 "checking the packed kernels on this CPU: [1536, 1536] at 64 pass widths (once)",
+                "quantizing the draft (int4)",
                 "measuring the plain per-token cost of both models", "models ready in 12.0 s"])
     fractions = [progress_fraction(m) for m in steps]
     assert None not in fractions and fractions == sorted(fractions) and fractions[-1] == 1.0

@@ -37,8 +37,8 @@ STEPS = (("assembling qwen2.5-coder-1.5b", 0.0, 0.10), ("converting qwen2.5-code
          ("assembling qwen2.5-coder-0.5b", 0.45, 0.05), ("converting qwen2.5-coder-0.5b", 0.50, 0.0),
          ("copy of qwen2.5-coder-0.5b", 0.60, 0.0),
          ("loading tokenizer", 0.65, 0.0), ("loading target", 0.68, 0.0), ("loading draft", 0.78, 0.0),
-         ("target and draft loaded", 0.81, 0.0), ("quantizing", 0.82, 0.0), ("prepacking", 0.88, 0.0),
-         ("checking the packed kernels", 0.90, 0.0),
+         ("target and draft loaded", 0.81, 0.0), ("prepacking", 0.82, 0.0), ("checking the packed kernels", 0.84, 0.0),
+         ("quantizing", 0.88, 0.0),
          ("waiting for the server", 0.94, 0.0), ("measuring", 0.95, 0.0), ("models ready in", 1.0, 0.0))
 
 

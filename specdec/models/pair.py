@@ -299,24 +299,33 @@ def _build_pair(label, target_id, draft_id, dt, dev, progress, device_map=None, 
     the new pair shares (models are used read-only), so a second preset of one target loads only its draft."""
     pair = _build_float_pair(label, target_id, draft_id, dt, dev, progress, device_map, max_memory, sibling)
     if draft_quant:
-        _say(progress, f"quantizing the draft ({draft_quant})")
         check_quant_support(dt, pair.device, draft_quant)  # a device map may have put the draft elsewhere than `dev`
+    packing = device_map is None and prepack_supported(dt, dev)
+    dropped = 0
+    # The target is packed before the draft is quantized: reordering its weights ran ~2x slower after quantizing
+    # (measured on a 2-core EPYC: 0.75 s before, 1.1-2.2 s after).
+    if packing and sibling is None:  # a shared target is packed already
+        dropped += _pack_model(pair.target, progress, "prepacking the target's linear layers for the CPU")
+    if draft_quant:
+        _say(progress, f"quantizing the draft ({draft_quant})")
         quantize(pair.draft, draft_quant)
         settle_dense_rows(pair.draft, say=lambda m: _say(progress, m))
         pair.draft_quant = draft_quant
-    if device_map is None and prepack_supported(dt, dev):
-        _say(progress, "prepacking the linear layers for the CPU")
-        models = [pair.draft] if sibling is not None else [pair.target, pair.draft]  # a shared target is packed
-        for model in models:
-            prepack(model)  # a quantized draft has no float linear layers left
-        for model in models:
-            check_widths(model, say=lambda m: _say(progress, m))
-        dropped = sum(drop_plain_pages(model) for model in models)
-        if dropped:
-            _say(progress, f"{dropped / 2**20:.0f} MiB of plain weights left to the checkpoint file (packed copies "
-                           "serve every pass)")
+    if packing:
+        dropped += _pack_model(pair.draft, progress)  # a quantized draft has no float linear layers left
+    if dropped:
+        _say(progress, f"{dropped / 2**20:.0f} MiB of plain weights left to the checkpoint file (packed copies "
+                       "serve every pass)")
     release_freed_memory()
     return pair
+
+
+def _pack_model(model: torch.nn.Module, progress, message: str = "") -> int:
+    """prepack, check_widths and drop_plain_pages for one model; returns the bytes of plain weights handed back."""
+    if prepack(model) and message:
+        _say(progress, message)
+    check_widths(model, say=lambda m: _say(progress, m))
+    return drop_plain_pages(model)
 
 
 def release_freed_memory() -> bool:
