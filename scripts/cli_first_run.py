@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import io
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,11 +59,29 @@ def warm(args: list[str], times: int = 2) -> dict:
     return summary_of(out.getvalue())
 
 
+def compare_row(label: str, firsts: list[dict], agains: list[dict]) -> dict:
+    """One prompt's fresh runs against its warm ones: the median speedup of each side and their ratio, every
+    speedup listed, and whether every run gave the same text."""
+    def med(xs):
+        return statistics.median(xs)
+
+    fresh_s, warm_s = [x["speedup"] for x in firsts], [x["speedup"] for x in agains]
+    return {"example": label, "fresh_speedup": med(fresh_s), "warm_speedup": med(warm_s),
+            "fresh_over_warm": med(fresh_s) / med(warm_s),
+            "same_text": len({x["text"] for x in firsts + agains}) == 1,
+            "fresh_tok_s": med([x["speculative_tok_s"] for x in firsts]),
+            "warm_tok_s": med([x["speculative_tok_s"] for x in agains]),
+            "fresh_speedups": fresh_s, "warm_speedups": warm_s}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default=None, help="pair preset (default: the app's default pair)")
     ap.add_argument("--examples", type=int, default=3, help="how many grounded examples (prompts.GROUNDED)")
     ap.add_argument("--max-new", type=int, default=64, help="tokens per run")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="fresh processes and warm runs per prompt; the medians are compared (each --compare "
+                         "speedup is one plain run against one speculative run)")
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "cli-first-run.json"))
     args = ap.parse_args(argv)
 
@@ -74,10 +93,11 @@ def main(argv=None) -> int:
     rows = []
     for ex in GROUNDED[: args.examples]:
         cmd = command(ex, pair, args.max_new)
-        first, again = fresh(cmd), warm(cmd)
-        rows.append({"example": ex["label"], "fresh_speedup": first["speedup"], "warm_speedup": again["speedup"],
-                     "fresh_over_warm": first["speedup"] / again["speedup"], "same_text": first["text"] == again["text"],
-                     "fresh_tok_s": first["speculative_tok_s"], "warm_tok_s": again["speculative_tok_s"]})
+        firsts, agains = [], []
+        for _ in range(max(1, args.repeats)):
+            firsts.append(fresh(cmd))
+            agains.append(warm(cmd))
+        rows.append(compare_row(ex["label"], firsts, agains))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     doc = {"pair": pair, "max_new_tokens": args.max_new, "cpu": cpu_name(), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
