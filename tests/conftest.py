@@ -53,6 +53,15 @@ TIER_MISSING = pytest.StashKey[dict]()  # nodeid -> the markers that test lacks,
 _running: list = []  # the test whose setup, call or teardown runs now
 
 
+def decode_choices(pair, prompt: str, settings) -> tuple[list[int], list[int]]:
+    """A speculative run's generated ids and each round's kept count: what two runs that must agree compare."""
+    from specdec.loop.decoder import SpeculativeDecoder
+
+    dec = SpeculativeDecoder(pair, prompt, settings)
+    list(dec)
+    return dec.generated_ids, [r.n_accepted for r in dec.rounds]
+
+
 def fixture_tiers(name: str, func) -> set[str]:
     """The markers a test using fixture `name` (whose function is `func`) must carry."""
     tiers = {tier for tier, names in TIER_FIXTURES.items() if name in names}

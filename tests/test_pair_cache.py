@@ -19,6 +19,7 @@ from specdec.loop.plain import plain_decode
 from specdec.core.errors import ModelLoadError
 from specdec.models.pair import PairCache, load_pair, pair_lease
 from specdec.core.settings import DecodeSettings
+from tests.conftest import decode_choices
 
 GREEDY = DecodeSettings(gamma=3, max_new_tokens=12)
 
@@ -212,9 +213,5 @@ def test_pairs_of_one_target_share_its_loaded_model(cache, tmp_path):
     assert two.target is one.target and two.tokenizer is one.tokenizer and two.draft is not one.draft
     alone = load_pair(target=folders["t"], draft=folders["d2"], dtype="bfloat16", device="cpu", shared=False)
     assert alone.target is not one.target
-    runs = []
-    for pair in (two, alone):
-        dec = SpeculativeDecoder(pair, "the cat sat on the mat", GREEDY)
-        list(dec)
-        runs.append((dec.generated_ids, [r.n_accepted for r in dec.rounds]))
-    assert runs[0] == runs[1]
+    assert decode_choices(two, "the cat sat on the mat", GREEDY) == decode_choices(alone, "the cat sat on the mat",
+                                                                                   GREEDY)
