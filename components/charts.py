@@ -226,20 +226,21 @@ def running_predicted(rounds: list[Round], costs: StepCosts | None) -> list[floa
     return out
 
 
-def speedup_series(rounds: list[Round], costs: StepCosts | None, baseline_ms_per_token: float | None = None) -> dict:
+def speedup_series(rounds: list[Round], costs: StepCosts | None, baseline_ms_per_token: float | None = None,
+                   baseline_prompt_ms: float | None = None) -> dict:
     """Per-round series for the speedup chart; measured is None until a plain step cost is known (one timed beside
-    the run, `baseline_ms_per_token`, else the pair's load-time `costs`)."""
+    the run, `baseline_ms_per_token` with its prompt pass `baseline_prompt_ms`, else the pair's load-time `costs`)."""
     base = baseline_ms_per_token or (costs.target_ms if costs else None)
-    measured = running_speedup(rounds, base) if base else None
+    measured = running_speedup(rounds, base, baseline_prompt_ms if baseline_ms_per_token else None) if base else None
     predicted = running_predicted(rounds, costs)
     return {"round": [r.index + 1 for r in rounds], "tokens_per_pass": [len(r.committed_ids) for r in rounds],
             "measured": measured, "predicted": predicted if any(v is not None for v in predicted) else None}
 
 
 def speedup_figure(rounds: list[Round], costs: StepCosts | None, baseline_ms_per_token: float | None = None,
-                   height: int = 380):
+                   height: int = 380, baseline_prompt_ms: float | None = None):
     """Tokens per target pass per round, with cumulative measured and predicted (Leviathan) speedup."""
-    s = speedup_series(rounds, costs, baseline_ms_per_token)
+    s = speedup_series(rounds, costs, baseline_ms_per_token, baseline_prompt_ms)
     traces = [{"type": "bar", "name": "tokens per target pass", "x": s["round"], "y": s["tokens_per_pass"],
                "marker": {"color": COLORS["p"]}, "opacity": 0.45,
                "hovertemplate": "round %{x}: %{y} tokens for 1 target pass<extra></extra>"}]

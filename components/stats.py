@@ -39,11 +39,12 @@ def _c_words(m: RunMetrics) -> str:
     return "no cost ratio measured yet"
 
 
-def baseline_words(steps: int) -> str:
-    """How the plain cost under the measured speedup was timed (RunRecord.baseline_steps)."""
+def baseline_words(steps: int, prompt_ms: float | None = None) -> str:
+    """How the plain cost under the measured speedup was timed (RunRecord.baseline_steps, .baseline_prompt_ms)."""
     if steps:
-        return (f"plain target cost: the median of {steps} plain decoding step{'s' if steps > 1 else ''} timed "
-                "between this run's rounds, under the same load")
+        prompt = f"its prompt pass ({prompt_ms:.0f} ms, timed in this run), then " if prompt_ms else ""
+        return (f"plain target cost: {prompt}the median of {steps} plain decoding step{'s' if steps > 1 else ''} "
+                "timed between this run's rounds, under the same load")
     return "plain target cost: timed when the model pair loaded"
 
 
@@ -69,8 +70,8 @@ def render_stats(m: RunMetrics | None, baseline_steps: int = 0) -> str:
     ]
     if m.speedup is not None:
         cells.append(_stat("measured speedup", f"{m.speedup:.2f}×",
-                           "speculative tok/s ÷ plain target tok/s, both measured on this machine; "
-                           + baseline_words(baseline_steps), "speedup"))
+                           "speculative tok/s ÷ plain target tok/s for the same tokens, both measured on this "
+                           "machine; " + baseline_words(baseline_steps, m.baseline_prompt_ms), "speedup"))
     if m.predicted_speedup is not None:
         cells.append(_stat("predicted speedup", f"{m.predicted_speedup:.2f}×",
                            f"Leviathan et al.: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with per-token α = {m.alpha:.2f}, "
@@ -80,8 +81,8 @@ def render_stats(m: RunMetrics | None, baseline_steps: int = 0) -> str:
         foot += f" · c_loop (paid in this run) = {m.c_loop:.2f}"
     if m.c_plain is not None:
         foot += f" · c_plain (plain step costs) = {m.c_plain:.2f}"
-    if m.baseline_tok_s:
-        foot += f" · {baseline_words(baseline_steps)}: {1e3 / m.baseline_tok_s:.0f} ms/token"
+    if m.baseline_step_ms:
+        foot += f" · {baseline_words(baseline_steps, m.baseline_prompt_ms)}: {m.baseline_step_ms:.0f} ms/token"
     return (f'<div class="sd-stats"><div class="sd-stat-grid">{"".join(cells)}</div>{_per_position(m)}'
             f'<div class="sd-stats-foot">{html.escape(foot)}</div></div>')
 

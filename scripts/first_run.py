@@ -68,6 +68,12 @@ def lane_speedup(summary: dict, drafter: str) -> float | None:
     return None
 
 
+def race_ms_per_token(summary: dict) -> dict:
+    """Each race lane's own ms per token (its elapsed time over its tokens), keyed by drafter."""
+    return {lane.get("drafter") or "plain": round(lane["elapsed_ms"] / lane["tokens"], 1)
+            for lane in summary.get("lanes", []) if lane.get("tokens")}
+
+
 def wait_ready(proc: subprocess.Popen, log: Path, url: str, timeout: float) -> tuple[float, float]:
     """(seconds until the page answered, seconds until the loader said the models are ready)."""
     t0, page = time.time(), None
@@ -140,6 +146,7 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path) -> dict:
         "first_over_second_wall": round(first["wall_s"] / second["wall_s"], 3) if second["wall_s"] else None,
         "same_text": first["text"] == second["text"],
         "race_lane_speedup": race_speedup,
+        "race_ms_per_token": race_ms_per_token(race),
         "shown_over_race": (round(second["speedup_shown"] / race_speedup, 3)
                             if race_speedup and second["speedup_shown"] else None),
         "cpu": cpu_name(),

@@ -119,6 +119,35 @@ def test_plain_steps_timed_beside_a_run_leave_it_unchanged(tiny_pair, temperatur
     assert rec.metrics.speedup is not None  # the measured speedup needs no load-time costs now
     # the timed plain steps are not part of the run's own time
     assert probed.totals.elapsed_ms <= sum(r.round_ms for r in b) + 50
+    # the prompt pass is timed alone once, inside round one (both sides of the speedup pay the prompt)
+    assert rec.baseline_prompt_ms and rec.baseline_prompt_ms <= b[0].verify_ms
+    assert plain.record().baseline_prompt_ms is None
+
+
+def test_plain_cost_of_the_same_tokens_pays_the_prompt_once():
+    from specdec.core.metrics import plain_ms_for
+
+    assert plain_ms_for(0, 10.0, 200.0) == 0.0
+    assert plain_ms_for(1, 10.0, 200.0) == 200.0  # the first token is the prompt pass's
+    assert plain_ms_for(5, 10.0, 200.0) == 240.0
+    assert plain_ms_for(5, 10.0) == 50.0  # no prompt pass timed: every token one step
+
+
+def test_the_measured_speedup_counts_the_prompt_on_both_sides(tiny_pair):
+    s = DecodeSettings(max_new_tokens=16, gamma=3, sampling=SamplingConfig(temperature=0.0))
+    dec = SpeculativeDecoder(tiny_pair, "hello world", s, plain_probe=True)
+    rounds = list(dec)
+    rec = dec.record()
+    m = rec.metrics
+    plain_ms = rec.baseline_prompt_ms + (m.generated - 1) * rec.baseline_ms_per_token
+    assert m.baseline_tok_s == pytest.approx(1e3 * m.generated / plain_ms)
+    assert m.speedup == pytest.approx(plain_ms / sum(r.round_ms for r in rounds), rel=1e-6)
+    from specdec.core.metrics import running_speedup, time_breakdown
+
+    assert running_speedup(rounds, rec.baseline_ms_per_token, rec.baseline_prompt_ms)[-1] == pytest.approx(
+        plain_ms / sum(r.round_ms for r in rounds))
+    plain = time_breakdown(rounds, None, rec.baseline_ms_per_token, rec.baseline_prompt_ms).plain_ms
+    assert sum(plain) == pytest.approx(plain_ms) and plain[0] >= rec.baseline_prompt_ms
 
 
 def test_plain_steps_stay_within_their_share_of_the_run(no_eos):

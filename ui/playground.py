@@ -109,11 +109,13 @@ class Playground:
         elif rounds:
             r, p = default_selection(rounds[-1])
             pq = pq_figure(rounds[r], p)
-            speed = speedup_figure(rounds, rec.costs, rec.baseline_ms_per_token)
+            speed = speedup_figure(rounds, rec.costs, rec.baseline_ms_per_token,
+                                   baseline_prompt_ms=rec.baseline_prompt_ms)
             # Drawn when a run or step ends, not while streaming: building and sending more figures per round
             # competes with the decoding for this machine's cores (and the time chart would measure that).
             if recorded:
-                time_fig = time_breakdown_figure(time_breakdown(rounds, rec.costs, rec.baseline_ms_per_token))
+                time_fig = time_breakdown_figure(time_breakdown(rounds, rec.costs, rec.baseline_ms_per_token,
+                                                                         rec.baseline_prompt_ms))
                 hist_fig = acceptance_histogram_figure(server_metrics.per_request(rec, detailed=False))
             else:
                 time_fig = hist_fig = gr.skip()

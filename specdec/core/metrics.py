@@ -80,9 +80,11 @@ class RunMetrics:
     mean_gamma: float
     c_loop: float | None = None
     c_plain: float | None = None
-    baseline_tok_s: float | None = None
+    baseline_tok_s: float | None = None  # plain target decoding of the same tokens (its prompt pass included if timed)
     speedup: float | None = None
     predicted_speedup: float | None = None
+    baseline_step_ms: float | None = None  # the plain step cost under the measured speedup
+    baseline_prompt_ms: float | None = None  # ... and its prompt pass, where timed in the run
     extra: dict = field(default_factory=dict)
 
     # The JSON names of the kept counts, as vLLM and llama.cpp readers know them (traces, the CLI's --json).
@@ -94,9 +96,20 @@ class RunMetrics:
         return {self.JSON_NAMES.get(k, k): v for k, v in asdict(self).items()}
 
 
-def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_per_token: float | None = None) -> RunMetrics:
+def plain_ms_for(tokens: int, step_ms: float, prompt_ms: float | None = None) -> float:
+    """What plain target decoding pays for its first `tokens` tokens: one step each, where the first step runs the
+    prompt and costs `prompt_ms` when that pass was timed (SpeculativeDecoder(plain_probe=True)); without it every
+    token costs `step_ms` (a race lane's mean already holds its prompt pass; a load-time cost holds none)."""
+    if tokens <= 0:
+        return 0.0
+    return (prompt_ms + (tokens - 1) * step_ms) if prompt_ms else tokens * step_ms
+
+
+def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_per_token: float | None = None,
+              baseline_prompt_ms: float | None = None) -> RunMetrics:
     """Aggregate rounds. The plain target cost for the measured speedup comes from `baseline_ms_per_token` (e.g. a
-    plain lane run side by side) or else from `costs` (measured at load)."""
+    plain lane run side by side) or else from `costs` (measured at load); `baseline_prompt_ms`, where timed, is plain
+    decoding's first step (the prompt pass), so both sides of the speedup pay the prompt (plain_ms_for)."""
     if not rounds:
         return RunMetrics(0, 0, 0, 0, 0, 0.0, 0.0, 0.0, [], [], 0.0, 0.0)
     fates = [r.fates for r in rounds]
@@ -119,7 +132,8 @@ def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_p
     c_loop = rounds_cost_ratio(rounds)
     c_plain = costs.c_plain if costs and costs.target_ms and costs.draft_ms else None
     base_ms = baseline_ms_per_token or (costs.target_ms if costs else None)
-    baseline_tok_s = 1e3 / base_ms if base_ms else None
+    plain_ms = plain_ms_for(generated, base_ms, baseline_prompt_ms if baseline_ms_per_token else None) if base_ms else 0
+    baseline_tok_s = 1e3 * generated / plain_ms if plain_ms else None
     return RunMetrics(
         rounds=len(rounds),
         generated=generated,
@@ -138,16 +152,19 @@ def summarize(rounds: list[Round], costs: StepCosts | None = None, baseline_ms_p
         baseline_tok_s=baseline_tok_s,
         speedup=tok_s / baseline_tok_s if baseline_tok_s else None,
         predicted_speedup=run_predicted_speedup(alpha, mean_gamma, c_loop, c_plain),
+        baseline_step_ms=base_ms,
+        baseline_prompt_ms=baseline_prompt_ms if baseline_ms_per_token else None,
     )
 
 
-def running_speedup(rounds: list[Round], baseline_ms_per_token: float) -> list[float]:
+def running_speedup(rounds: list[Round], baseline_ms_per_token: float,
+                    baseline_prompt_ms: float | None = None) -> list[float]:
     """Cumulative measured speedup after each round: plain time for the same tokens / speculative time so far."""
     out, toks, ms = [], 0, 0.0
     for r in rounds:
         toks += len(r.committed_ids)
         ms += r.round_ms or (r.draft_ms + r.verify_ms)
-        out.append(toks * baseline_ms_per_token / ms if ms else 0.0)
+        out.append(plain_ms_for(toks, baseline_ms_per_token, baseline_prompt_ms) / ms if ms else 0.0)
     return out
 
 
@@ -191,12 +208,16 @@ class TimeBreakdown:
 
 
 def time_breakdown(rounds: list[Round], costs: StepCosts | None = None,
-                   baseline_ms_per_token: float | None = None) -> TimeBreakdown:
+                   baseline_ms_per_token: float | None = None, baseline_prompt_ms: float | None = None) -> TimeBreakdown:
     """Where a run's milliseconds went, round by round, beside the plain steps it competes with."""
     per = [PhaseTimes.of(r) for r in rounds]
     total = sum(per, PhaseTimes())
     base = baseline_ms_per_token or (costs.target_ms if costs and costs.target_ms else None)
-    plain = [base * len(r.committed_ids) for r in rounds] if base else None
+    prompt = baseline_prompt_ms if baseline_ms_per_token else None
+    plain, toks = ([], 0) if base else (None, 0)
+    for r in rounds if base else ():
+        plain.append(plain_ms_for(toks + len(r.committed_ids), base, prompt) - plain_ms_for(toks, base, prompt))
+        toks += len(r.committed_ids)
     return TimeBreakdown(per, total, plain, _reading(rounds, costs, total, plain))
 
 

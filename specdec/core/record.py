@@ -52,12 +52,13 @@ class RunRecord:
     # the rounds (SpeculativeDecoder(plain_probe=True)); None: the measured speedup falls back to `costs`.
     baseline_ms_per_token: float | None = None
     baseline_steps: int = 0  # how many plain steps that baseline is the median of (0: a race lane, or none)
+    baseline_prompt_ms: float | None = None  # plain decoding's first step (the prompt pass), timed in this run
     label: str = ""
     created: str = field(default_factory=now_iso)
 
     @property
     def metrics(self) -> RunMetrics:
-        return summarize(self.rounds, self.costs, self.baseline_ms_per_token)
+        return summarize(self.rounds, self.costs, self.baseline_ms_per_token, self.baseline_prompt_ms)
 
     @property
     def generated_ids(self) -> list[int]:

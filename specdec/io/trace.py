@@ -69,6 +69,7 @@ def record_to_dict(record: RunRecord) -> dict:
         "costs": asdict(record.costs) if record.costs else None,
         "baseline_ms_per_token": record.baseline_ms_per_token,
         "baseline_steps": record.baseline_steps,
+        "baseline_prompt_ms": record.baseline_prompt_ms,
         "metrics": _finite_or_null(metrics),
     }
 
@@ -133,6 +134,9 @@ def load_trace(text_or_bytes: str | bytes | bytearray) -> RunRecord:
     baseline = doc.get("baseline_ms_per_token")
     if baseline is not None:
         _duration(baseline, "baseline_ms_per_token")
+    prompt_ms = doc.get("baseline_prompt_ms")
+    if prompt_ms is not None:
+        _duration(prompt_ms, "baseline_prompt_ms")
     steps = doc.get("baseline_steps", 0)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise TraceError(f"'baseline_steps' must be a whole number >= 0, got {_short(steps)}")
@@ -147,6 +151,7 @@ def load_trace(text_or_bytes: str | bytes | bytearray) -> RunRecord:
         costs=_check_costs(doc.get("costs")),
         baseline_ms_per_token=float(baseline) if baseline else None,
         baseline_steps=steps if baseline else 0,
+        baseline_prompt_ms=float(prompt_ms) if baseline and prompt_ms else None,
         label=_string(label, "label"),
         created=doc["created"],
     )

@@ -32,7 +32,10 @@ from specdec.models.pair import ModelPair
 # Plain steps timed beside a run (`plain_probe=True`): at least PLAIN_PROBE_MIN, then one more whenever the steps
 # timed so far cost less than PLAIN_PROBE_SHARE of the rounds' own time. Each is one target pass over the last
 # committed token at the run's current context (what a plain decoding step is), under whatever else the machine is
-# doing at that moment, so the measured speedup divides two costs paid under the same load.
+# doing at that moment, so the measured speedup divides two costs paid under the same load. The prompt, too: in this
+# mode round one first runs the prompt through the target alone (plain decoding's first step, timed as
+# `plain_prompt_ms` and booked to round one's scoring time), then scores its guesses on top, so plain decoding of the
+# same tokens costs plain_prompt_ms + (n - 1) * the median step (core.metrics.plain_ms_for).
 PLAIN_PROBE_MIN = 2
 PLAIN_PROBE_SHARE = 0.15
 
@@ -68,6 +71,7 @@ class SpeculativeDecoder:
         self._started: float | None = None  # perf_counter time the first round started
         self.plain_probe = plain_probe
         self.plain_step_ms: list[float] = []  # plain target steps timed between rounds (time_plain_step)
+        self.plain_prompt_ms: float | None = None  # the prompt pass alone, timed in round one (plain_probe)
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -91,9 +95,11 @@ class SpeculativeDecoder:
     def step(self) -> Round:
         if self.done:
             raise InvalidInputError("generation has finished; start a new run")
-        # No separate prefill: round one feeds the prompt together with its first draft step and its verification.
+        # No separate prefill: round one feeds the prompt together with its first draft step and its verification
+        # (with plain_probe, the target's prompt pass runs alone first and is timed: see PLAIN_PROBE_MIN).
         clock = Stopwatch(self.pair.device)
         self._started = self._started or clock.start
+        prompt_ms = self._time_prompt_pass(clock) if self.plain_probe and not self.rounds else 0.0
         left = self.settings.max_new_tokens - len(self.generated_ids)
         asked = self.policy.gamma
         gamma = max(1, min(asked, left - 1))  # guesses past the budget are wasted: at most left-1 plus repair/bonus
@@ -102,7 +108,7 @@ class SpeculativeDecoder:
             asked = draft.asked
         draft_ms = clock.lap()
         p = self.score(draft)
-        verify_ms = clock.lap()
+        verify_ms = clock.lap() + prompt_ms
         verdict = verify(draft.tokens, draft.probs, p, self.gen, mode=self.settings.verify)
         rule_ms = clock.lap()
         committed, self.stop_reason = cut_at_stop(verdict.tokens, self.pair.eos_token_ids, left)
@@ -126,6 +132,15 @@ class SpeculativeDecoder:
         if self.plain_probe and not self.done and self._plain_step_due():
             self.time_plain_step()
         return rnd
+
+    def _time_prompt_pass(self, clock: Stopwatch) -> float:
+        """The target runs the prompt alone, as plain decoding's first step does; the cache keeps it (all but the
+        last token, which round one feeds again with its guesses). Returns ms."""
+        clock.lap()
+        self.target.logits_after(self.ids, (), 1)
+        self.plain_prompt_ms = clock.lap()
+        self.target.sync(self.ids)
+        return self.plain_prompt_ms + clock.lap()
 
     def _plain_step_due(self) -> bool:
         spent = sum(self.plain_step_ms)
@@ -159,7 +174,7 @@ class SpeculativeDecoder:
         """The run so far as one typed RunRecord (what traces, the playground and the Learn tab consume)."""
         return RunRecord(self.prompt, list(self.prompt_ids), self.settings, self.pair.info(), list(self.rounds),
                          self.text, self.stop_reason, costs, self.plain_ms_per_token, len(self.plain_step_ms),
-                         label=label)
+                         self.plain_prompt_ms if self.plain_step_ms else None, label=label)
 
 
 def rerun(record: RunRecord, pair: ModelPair) -> SpeculativeDecoder:
