@@ -92,6 +92,22 @@ def test_int4_linear_matches_its_dequantized_weight(rows):
                                atol=2e-2 * float(ref.abs().max()))
 
 
+def test_int4_layers_built_one_after_another_on_the_reused_buffer_equal_fresh_builds():
+    """Int4Linear.from_codes converts each layer's codes to int32 in a buffer its thread reuses: a small layer built
+    after a large one, and a large one after a small one, give the bits of the one-shot formula."""
+    from specdec.models.quant import dequantize_groups, pack_int4
+
+    gen = torch.Generator().manual_seed(1)
+    codes = [Int4Linear.codes(torch.randn(n, k, generator=gen).to(BF16), BF16) for n, k in [(96, 128), (32, 64),
+                                                                                          (160, 96)]]
+    for c in codes + codes[::-1]:
+        layer = Int4Linear.from_codes(c)
+        q = c["q"].to(torch.int32)
+        packed, scales_zeros = pack_int4(q, c["scales"], c["mins"])
+        assert torch.equal(layer.dense, dequantize_groups(q, c["scales"], c["mins"], c["scales"].dtype))
+        assert torch.equal(layer.qweight, packed) and torch.equal(layer.scales_zeros, scales_zeros)
+
+
 def test_int8_linear_refuses_another_input_dtype():
     layer = Int8Linear.from_weight(torch.randn(8, 16, dtype=BF16))
     with pytest.raises(InvalidInputError, match="bfloat16"):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -258,6 +259,20 @@ class Int8Linear(PackedLinear):
                                      pick(self.dense).contiguous()))
 
 
+_SCRATCH = threading.local()
+
+
+def _as_int32(q: torch.Tensor) -> torch.Tensor:
+    """q as int32 (what the int4 packing kernel reads) in a buffer this thread reuses from layer to layer. A fresh
+    int32 copy per layer is memory the process never touched before, and first-touch page faults are what a load
+    pays most for on some virtual machines (a 0.5B draft's int4 layers: ~1.2 GB of them); the buffer is only read
+    while its layer is built (dequantize_groups and pack_int4 both return new tensors)."""
+    buf = getattr(_SCRATCH, "int32", None)
+    if buf is None or buf.numel() < q.numel() or buf.device != q.device:
+        buf = _SCRATCH.int32 = torch.empty(q.numel(), dtype=torch.int32, device=q.device)
+    return buf[: q.numel()].view(q.shape).copy_(q)
+
+
 def pack_int4(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed weight, scales_zeros) for `_weight_int4pack_mm_for_cpu` from quantize_groups' q, scales and mins:
     rows padded with zeros (scale 0, min 0) to a multiple of INT4_ROWS, the scales in the kernel's layout
@@ -301,7 +316,7 @@ class Int4Linear(PackedLinear):
 
     @classmethod
     def from_codes(cls, codes: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> "Int4Linear":
-        q, scales, mins = codes["q"].to(torch.int32), codes["scales"], codes["mins"]
+        q, scales, mins = _as_int32(codes["q"]), codes["scales"], codes["mins"]
         return cls(dequantize_groups(q, scales, mins, scales.dtype), bias, *pack_int4(q, scales, mins))
 
     @classmethod
