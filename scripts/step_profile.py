@@ -19,6 +19,7 @@ Hooks cost a little time themselves: the unhooked step's median is reported besi
 
     python scripts/step_profile.py                 # the default pair's target as the app loads it
     python scripts/step_profile.py --pair tiny     # the random-weight pair (seconds)
+    python scripts/step_profile.py --model draft   # one draft step instead, on the head the drafter uses
 """
 
 from __future__ import annotations
@@ -149,7 +150,11 @@ def weight_bytes(lm) -> dict[str, int]:
             if isinstance(t, torch.Tensor) and not isinstance(w, torch.Tensor):
                 body += t.numel() * t.element_size()
     head = lm.head.weight if lm.head.cut else lm.out_head.weight
-    return {"body": body, "head": head.numel() * head.element_size()}
+    if isinstance(head, nn.Module):  # a quantized head (or its rows): what its packed kernel reads
+        head = [t for n in ("qweight", "scales", "scales_zeros") if isinstance(t := getattr(head, n, None), torch.Tensor)]
+    else:
+        head = [head]
+    return {"body": body, "head": sum(t.numel() * t.element_size() for t in head)}
 
 
 def read_gb_s(gib: float = 1.0, repeats: int = 5) -> float:
@@ -183,6 +188,9 @@ def profile(lm, context: list[int], repeats: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default=None, help="pair preset (default: the app's default pair)")
+    ap.add_argument("--model", choices=["target", "draft"], default="target",
+                    help="whose step: the target's (plain decoding) or the draft model's (one guess, on the reduced "
+                         "head the model drafter uses where it does)")
     ap.add_argument("--context", type=int, default=150, help="cached tokens before the step")
     ap.add_argument("--repeats", type=int, default=15, help="timed steps (medians and means over them)")
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "step-profile.json"))
@@ -194,19 +202,24 @@ def main(argv=None) -> int:
 
     name = args.pair or default_pair_name()
     pair = load_pair(name)
-    lm = open_lm(pair.target, pair.vocab_size)
+    if args.model == "draft":
+        from specdec.drafters.head import resolve_draft_vocab
+
+        lm = open_lm(pair.draft, pair.vocab_size, resolve_draft_vocab(pair, None))
+    else:
+        lm = open_lm(pair.target, pair.vocab_size)
     context = [(13 * i + 5) % min(pair.vocab_size - 2, 1000) + 2 for i in range(args.context)]
     with torch.inference_mode():
         doc = profile(lm, context, args.repeats)
         weights = weight_bytes(lm)
     gb_s = read_gb_s()
     total = weights["body"] + weights["head"]
-    doc.update(pair=name, dtype=str(pair.dtype), cpu=cpu_name(), torch=torch.__version__,
+    doc.update(pair=name, model=args.model, dtype=str(pair.dtype), cpu=cpu_name(), torch=torch.__version__,
                threads=torch.get_num_threads(), context=args.context, weight_bytes=weights, read_gb_s=gb_s,
                floor_ms=1e3 * total / (gb_s * 1e9))
     matmul = doc["parts_ms"]["matmul"] + doc["parts_ms"]["head"]
     doc["matmul_gb_s"] = total / (matmul * 1e6) if matmul else None
-    print(f"{name} on {doc['cpu']}, {doc['threads']} threads, context {args.context}")
+    print(f"{name} ({args.model}) on {doc['cpu']}, {doc['threads']} threads, context {args.context}")
     print(f"step {doc['step_ms']:.1f} ms (hooked {doc['hooked_step_ms']:.1f}; parts sum {doc['parts_sum_ms']:.1f})")
     for p, ms in doc["parts_ms"].items():
         print(f"  {p:12s} {ms:7.2f} ms  {100 * ms / doc['parts_sum_ms']:5.1f} %")

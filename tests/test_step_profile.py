@@ -43,3 +43,23 @@ def test_a_run_on_the_tiny_pair_books_every_part(tmp_path):
     assert doc["weight_bytes"]["body"] > 0 and doc["floor_ms"] > 0 and doc["cpu"]
     pair = load_pair("tiny")  # the pair the script profiled (the pair cache's copy): its hooks are gone
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in pair.target.modules())
+
+
+def test_the_draft_step_is_profiled_on_the_draft_model(tmp_path):
+    """--model draft steps the draft model (the pair cache's copy, the one the script loads), not the target."""
+    from specdec.models.pair import load_pair
+
+    pair = load_pair("tiny")
+    calls = {"target": 0, "draft": 0}
+    hooks = [getattr(pair, m).base_model.register_forward_pre_hook(lambda *a, m=m: calls.__setitem__(m, calls[m] + 1))
+             for m in calls]
+    try:
+        out = tmp_path / "draft.json"
+        assert _script().main(["--pair", "tiny", "--model", "draft", "--context", "8", "--repeats", "2",
+                               "--out", str(out)]) == 0
+    finally:
+        for h in hooks:
+            h.remove()
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "draft" and doc["parts_ms"]["matmul"] > 0
+    assert calls["draft"] >= 2 and calls["target"] == 0
