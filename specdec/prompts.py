@@ -29,6 +29,10 @@ PROMPTS = {
 # argmax, and a long draft costs nothing to propose. gamma 32 lets a strong match copy 32 tokens (the ngram drafter
 # copies fewer after a short match, drafters.ngram.copy_length): on these prompts runs of 16 are often kept whole.
 COPY_SETTINGS = {"drafter": "ngram", "gamma": 32, "temperature": 0.0}
+# The examples that answer from a given text copy with the suffix index instead: on the suite's tuning half it was
+# the fastest copy drafter on summarization and within noise of the best on RAG (docs/benchmarks.md, "Which copy
+# drafter the examples use"); the code edits keep prompt lookup, which no suite kind measures against it.
+TEXT_COPY_SETTINGS = {**COPY_SETTINGS, "drafter": "suffix"}
 
 GROUNDED = [
     {"label": "Grounded · rename in a given function", "kind": "grounded", "chat": True, **COPY_SETTINGS, "prompt": (
@@ -40,14 +44,14 @@ GROUNDED = [
         "Add type hints to this function. Reply with the full function only.\n\n```python\n"
         "def merge_counts(a, b):\n    result = dict(a)\n    for key, value in b.items():\n"
         "        result[key] = result.get(key, 0) + value\n    return result\n```")},
-    {"label": "Grounded · summarise a given paragraph", "kind": "grounded", "chat": True, **COPY_SETTINGS, "prompt": (
+    {"label": "Grounded · summarise a given paragraph", "kind": "grounded", "chat": True, **TEXT_COPY_SETTINGS, "prompt": (
         "Summarise this paragraph in two sentences.\n\n"
         "The lighthouse at Point Arden was built in 1871 to guide ships around a reef that had wrecked eleven "
         "vessels in twenty years. Its first keeper, Thomas Hale, kept the lamp burning for thirty-two years and "
         "recorded every passing ship in a logbook that survives today. In 1936 the light was automated, and the "
         "keeper's house became a small museum that displays the logbook, the original lens and photographs of "
         "the wrecks.")},
-    {"label": "Grounded · answer from a given text", "kind": "grounded", "chat": True, **COPY_SETTINGS, "prompt": (
+    {"label": "Grounded · answer from a given text", "kind": "grounded", "chat": True, **TEXT_COPY_SETTINGS, "prompt": (
         "Answer using only the text below: when was the light automated, and what happened to the keeper's house?"
         "\n\nThe lighthouse at Point Arden was built in 1871 to guide ships around a reef that had wrecked eleven "
         "vessels in twenty years. Its first keeper, Thomas Hale, kept the lamp burning for thirty-two years. In "
