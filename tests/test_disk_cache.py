@@ -1,6 +1,6 @@
-"""The disk cache of pure-function results (specdec.models.disk_cache) and its two users: the quantized draft's
-codes (read back: the same layers, bit for bit; a corrupted or foreign entry ignored and recomputed) and the plain
-steps a decoder times beside its rounds (they leave the run exactly as it was)."""
+"""The disk cache of pure-function results (specdec.models.disk_cache) and its users: the quantized draft's codes and
+built layers (read or mapped back: the same layers, bit for bit; a corrupted or foreign entry ignored and
+recomputed) and the plain steps a decoder times beside its rounds (they leave the run exactly as it was)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,72 @@ def test_tensor_entries_round_trip_and_refuse_foreign_or_corrupted_ones(store):
     assert disk_cache.read_tensors(path, ident) is None
 
 
+def test_mapped_entries_round_trip_aligned_and_refuse_foreign_or_corrupted_ones(store):
+    path = store / "m.bin"
+    ident = {"source": "abc"}
+    tensors = {"a/dense": torch.randn(5, 7).to(BF16), "a/q": torch.arange(12, dtype=torch.uint8).view(3, 4),
+               "b/empty": torch.zeros(0, 4, dtype=torch.int8), "b/scales": torch.rand(3)}
+    assert disk_cache.write_mapped(path, ident, tensors)
+    back = disk_cache.read_mapped(path, ident)
+    assert back is not None and set(back) == set(tensors)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+        assert back[k].data_ptr() % 64 == 0, k  # the int8/int4 kernels need aligned weights
+    back["a/q"][0, 0] = 99  # copy-on-write: the file keeps its bytes
+    assert torch.equal(disk_cache.read_mapped(path, ident)["a/q"], tensors["a/q"])
+    assert disk_cache.read_mapped(path, {"source": "abd"}) is None
+    raw = bytearray(path.read_bytes())
+    raw[bytes(raw).rfind(tensors["b/scales"].numpy().tobytes())] ^= 0x01  # one flipped bit in a tensor's bytes
+    path.write_bytes(bytes(raw))
+    assert disk_cache.read_mapped(path, ident) is None
+    path.write_bytes(raw[:100])  # a torn file
+    assert disk_cache.read_mapped(path, ident) is None
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_built_layers_are_mapped_back_bit_for_bit_without_rebuilding(tiny_pair, store, monkeypatch, mode):
+    fresh = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), mode, cache=False)
+    quantize(copy.deepcopy(tiny_pair.draft).to(BF16), mode)  # computes codes and layers, writes both
+    assert list((store / "quant").glob(f"{mode}-built-*.bin"))
+
+    def refuse(*_, **__):
+        raise AssertionError("layers rebuilt although the cache holds them")
+
+    for kind in (Int8Linear, Int4Linear):
+        monkeypatch.setattr(kind, "from_codes", classmethod(refuse))
+    mapped = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), mode)
+    for a, b in zip(_outputs(fresh), _outputs(mapped)):
+        if a is not None:
+            assert torch.equal(a, b)
+    for (na, ta), (nb, tb) in zip(fresh.state_dict().items(), mapped.state_dict().items()):
+        assert na == nb and ta.dtype == tb.dtype and torch.equal(ta, tb), na
+
+
+def test_a_corrupted_or_foreign_built_entry_is_rebuilt(tiny_pair, store, monkeypatch):
+    fresh = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4", cache=False)
+    quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4")
+    (entry,) = (store / "quant").glob("int4-built-*.bin")
+    raw = bytearray(entry.read_bytes())
+    magic = len(disk_cache.MAPPED_MAGIC)
+    start = disk_cache._aligned(magic + 8 + int.from_bytes(raw[magic : magic + 8], "little"))
+    raw[start + 3] ^= 0x04  # a bit of the first stored tensor
+    entry.write_bytes(bytes(raw))
+    calls = []
+    real = Int4Linear.from_codes.__func__
+    monkeypatch.setattr(Int4Linear, "from_codes", classmethod(lambda cls, *a: calls.append(1) or real(cls, *a)))
+    again = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4")
+    assert calls, "a corrupted built entry was trusted"
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), again.state_dict().values()))
+    # Another CPU or torch build packs for its own kernels: its entry is not this machine's.
+    from specdec.models import prepack
+
+    real_identity = prepack.kernel_identity
+    monkeypatch.setattr(prepack, "kernel_identity", lambda dtype: {**real_identity(dtype), "cpu": {"model": "x"}})
+    calls.clear()
+    quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4")
+    assert calls
+
+
 def _outputs(model, seed=0):
     x = torch.randn(3, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(seed)).to(BF16)
     layers = [m for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear))]
@@ -83,6 +149,8 @@ def test_a_corrupted_or_foreign_codes_entry_is_recomputed(tiny_pair, store, monk
     fresh = quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4", cache=False)
     quantize(copy.deepcopy(tiny_pair.draft).to(BF16), "int4")
     (entry,) = (store / "quant").glob("int4-*.safetensors")
+    for built in (store / "quant").glob("*-built-*.bin"):
+        built.unlink()  # the layers built from the codes: without them the next load reads the codes
     raw = bytearray(entry.read_bytes())
     raw[-3] ^= 0x10
     entry.write_bytes(bytes(raw))

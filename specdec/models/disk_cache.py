@@ -1,8 +1,13 @@
 """Results that are a pure function of their inputs, kept on disk between processes.
 
-Two things a pair load would otherwise recompute on every start live here: the quantized draft's codes
-(`specdec.models.quant`, a function of the source weights and the mode) and the prepacked kernels' per-(shape,
-width) verdicts (`specdec.models.prepack`, a function of the CPU, the torch build and the dtype).
+What a pair load would otherwise recompute on every start lives here: the quantized draft's codes
+(`specdec.models.quant`, a function of the source weights and the mode), its built layers (the codes dequantized
+and packed for the kernels: a function of the codes, the CPU and the torch build) and the prepacked kernels'
+per-(shape, width) verdicts (`specdec.models.prepack`, a function of the CPU, the torch build and the dtype).
+
+Built layers are stored as a mapped entry (`write_mapped`): every tensor at a page-aligned offset of one file, read
+back as copy-on-write views of the file (`read_mapped`), so a start maps them instead of allocating and filling
+memory it never touched before, and processes on one machine share their pages through the page cache.
 
 Every entry carries its identity (the inputs it was computed from) and a checksum of its content. A reader
 recomputes both and ignores an entry whose identity or checksum differs -- another machine's verdicts, a torch
@@ -118,6 +123,81 @@ def read_tensors(path: Path, identity: dict) -> dict[str, torch.Tensor] | None:
             return None
         return tensors
     except (OSError, ValueError, RuntimeError, SafetensorError):
+        return None
+
+
+MAPPED_MAGIC = b"specdec-mapped\n"
+MAPPED_ALIGN = 4096  # every tensor starts on a page: the kernels need aligned weights, and pages map whole
+
+
+def _aligned(n: int) -> int:
+    return -(-n // MAPPED_ALIGN) * MAPPED_ALIGN
+
+
+def write_mapped(path: Path, identity: dict, tensors: dict[str, torch.Tensor]) -> bool:
+    """Store tensors for identity as one file of page-aligned tensors (see read_mapped); False when the disk
+    refuses. Layout: MAPPED_MAGIC, the header's length (8 bytes, little endian), the JSON header (format, identity,
+    checksum, and per tensor its dtype, shape, offset and byte count), then the tensors' bytes."""
+    if not enabled():
+        return False
+    tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(tensors.items())}
+    table, offset = {}, 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        table[name] = [str(t.dtype).removeprefix("torch."), list(t.shape), offset, nbytes]
+        offset = _aligned(offset + nbytes)
+    header = json.dumps({"format": FORMAT, "identity": digest(FORMAT, identity),
+                         "checksum": tensor_digest(tensors.items()), "tensors": table}).encode()
+    start = _aligned(len(MAPPED_MAGIC) + 8 + len(header))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAPPED_MAGIC + len(header).to_bytes(8, "little") + header)
+            for name, t in tensors.items():
+                f.seek(start + table[name][2])
+                if t.numel():
+                    f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            f.truncate(start + offset)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        return False
+
+
+def read_mapped(path: Path, identity: dict) -> dict[str, torch.Tensor] | None:
+    """The tensors write_mapped stored at path for exactly this identity, as copy-on-write views of the file (a
+    write to one stays in this process); None when missing, foreign, malformed or not matching its checksum. The
+    checksum reads every byte once, which also brings the file's pages in."""
+    if not enabled() or not path.is_file():
+        return None
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(MAPPED_MAGIC)) != MAPPED_MAGIC:
+                return None
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        if header.get("format") != FORMAT or header.get("identity") != digest(FORMAT, identity):
+            return None
+        start = _aligned(len(MAPPED_MAGIC) + 8 + size)
+        mm = np.memmap(path, dtype=np.uint8, mode="c")
+        tensors = {}
+        for name, (dtype, shape, offset, nbytes) in header["tensors"].items():
+            kind = getattr(torch, str(dtype), None)
+            if not isinstance(kind, torch.dtype) or offset % MAPPED_ALIGN or start + offset + nbytes > mm.size:
+                return None
+            raw = torch.from_numpy(mm[start + offset : start + offset + nbytes])
+            tensors[name] = raw.view(kind).view(shape) if nbytes else torch.empty(shape, dtype=kind)
+        if header.get("checksum") != tensor_digest(sorted(tensors.items())):
+            return None
+        return tensors
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
         return None
 
 

@@ -202,6 +202,12 @@ class PackedLinear(nn.Module):
         """The float32 weight [N, K] this layer stands for (here: `dense`, rounded to the activation dtype)."""
         return self.dense.float()
 
+    STORED: tuple[str, ...] = ()  # the tensors a built layer is stored as (the disk cache's mapped entries)
+
+    def stored(self) -> dict[str, torch.Tensor]:
+        """The built layer's tensors (STORED): from_stored makes the same layer from them, bias aside."""
+        return {part: getattr(self, part) for part in self.STORED}
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.mode}, {self.dtype}"
 
@@ -236,6 +242,12 @@ class Int8Linear(PackedLinear):
     @classmethod
     def from_codes(cls, codes: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> "Int8Linear":
         return cls(codes["q"], codes["scales"], bias)
+
+    STORED = ("qweight", "scales", "dense")
+
+    @classmethod
+    def from_stored(cls, parts: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> "Int8Linear":
+        return cls(parts["qweight"], parts["scales"], bias, dense=parts["dense"])
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> "Int8Linear":
@@ -319,6 +331,12 @@ class Int4Linear(PackedLinear):
         q, scales, mins = _as_int32(codes["q"]), codes["scales"], codes["mins"]
         return cls(dequantize_groups(q, scales, mins, scales.dtype), bias, *pack_int4(q, scales, mins))
 
+    STORED = ("dense", "qweight", "scales_zeros")
+
+    @classmethod
+    def from_stored(cls, parts: dict[str, torch.Tensor], bias: torch.Tensor | None = None) -> "Int4Linear":
+        return cls(parts["dense"], bias, parts["qweight"], parts["scales_zeros"])
+
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: torch.dtype | None = None) -> "Int4Linear":
         return cls.from_weight(linear.weight, linear.bias, dtype)
@@ -372,7 +390,9 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
     dtype: the activation dtype (bfloat16 or float16); None keeps the model's own. A model in another float dtype
     is cast to it first (its norms and embeddings then run in it too). cache: read the codes from, and write them
     to, the disk cache (`specdec.models.disk_cache`), keyed by a digest of the source weights, the mode and the
-    dtype: the codes are a pure function of those, and the range search costs tens of seconds per start. Raises InvalidInputError for an unknown
+    dtype: the codes are a pure function of those, and the range search costs tens of seconds per start. The
+    layers built from them (dequantized, packed) are stored too, per CPU and torch build, and mapped back from the
+    file on the next start. Raises InvalidInputError for an unknown
     mode, float32 activations or a device other than the CPU, before changing anything.
     """
     mode = resolve_quant(mode)
@@ -397,16 +417,13 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
     named = {id(m): name for name, m in model.named_modules()}
     layers = [(named[id(linear)], kind, linear) for linear, kind in swaps]
     identity = _codes_identity(mode, dtype, layers) if cache and disk_cache.enabled() else None
-    codes = _cached_codes(identity, layers) if identity else None
-    if codes is None:
-        codes = {name: kind.codes(linear.weight, dtype) for name, kind, linear in layers}
+    built = _cached_layers(identity, dtype, layers) if identity else None
+    if built is None:
+        built = _build_layers(identity, dtype, layers)
         if identity:
-            disk_cache.write_tensors(_codes_path(identity), identity, {f"{name}/{part}": t for name, parts in
-                                                                       codes.items() for part, t in parts.items()})
-    # Rebuilding a layer (dequantize, int4 packing) is torch work outside the GIL: a thread per core.
-    with ThreadPoolExecutor(max_workers=max(1, min(len(layers), os.cpu_count() or 1, 8))) as pool:
-        built = dict(zip([name for name, *_ in layers],
-                         pool.map(lambda layer: layer[1].from_codes(codes[layer[0]], layer[2].bias), layers)))
+            disk_cache.write_mapped(_built_path(identity, dtype), _built_identity(identity, dtype),
+                                    {f"{name}/{part}": t for name, layer in built.items()
+                                     for part, t in layer.stored().items()})
     for parent, attr, linear, kind in linears:
         setattr(parent, attr, built[named[id(linear)]])
     if isinstance(head, nn.Linear):
@@ -419,6 +436,58 @@ def quantize(model: nn.Module, mode: str = "int8", dtype: torch.dtype | None = N
 
 
 QUANT_FORMAT = 1  # bump when codes() changes what it computes: cached codes of the old rule are then ignored
+STORED_FORMAT = 1  # bump when a layer's STORED parts or from_stored change: stored layers of the old kind are ignored
+
+
+def _build_layers(identity: dict | None, dtype: torch.dtype, layers) -> dict[str, "PackedLinear"]:
+    """Every layer built from its codes: read from the disk cache (identity given) or computed (and written)."""
+    codes = _cached_codes(identity, layers) if identity else None
+    if codes is None:
+        codes = {name: kind.codes(linear.weight, dtype) for name, kind, linear in layers}
+        if identity:
+            disk_cache.write_tensors(_codes_path(identity), identity, {f"{name}/{part}": t for name, parts in
+                                                                       codes.items() for part, t in parts.items()})
+    # Rebuilding a layer (dequantize, int4 packing) is torch work outside the GIL: a thread per core.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(layers), os.cpu_count() or 1, 8))) as pool:
+        return dict(zip([name for name, *_ in layers],
+                        pool.map(lambda layer: layer[1].from_codes(codes[layer[0]], layer[2].bias), layers)))
+
+
+def _built_identity(identity: dict, dtype: torch.dtype) -> dict:
+    """What built layers are a function of: their codes' identity, and the packing kernels of this CPU and torch
+    build (the int4 layout `_convert_weight_to_int4pack_for_cpu` writes is the torch build's own)."""
+    from specdec.models.prepack import kernel_identity
+
+    return {"codes": identity, "kernels": kernel_identity(dtype), "stored": STORED_FORMAT}
+
+
+def _built_path(identity: dict, dtype: torch.dtype):
+    ident = _built_identity(identity, dtype)
+    return disk_cache.store_dir("quant") / f"{identity['rule'][1]}-built-{disk_cache.digest(ident)[:32]}.bin"
+
+
+def _cached_layers(identity: dict, dtype: torch.dtype, layers) -> dict[str, "PackedLinear"] | None:
+    """The built layers stored for exactly these codes on this CPU and torch build, mapped from the file (no
+    dequantizing or packing, no fresh memory filled), each with the source layer's bias; None when any is missing
+    or does not fit its layer."""
+    flat = disk_cache.read_mapped(_built_path(identity, dtype), _built_identity(identity, dtype))
+    if flat is None:
+        return None
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in flat.items():
+        name, _, part = key.rpartition("/")
+        parts.setdefault(name, {})[part] = t
+    built = {}
+    for name, kind, linear in layers:
+        mine = parts.get(name, {})
+        if set(mine) != set(kind.STORED) or tuple(mine["dense"].shape) != tuple(linear.weight.shape) \
+                or mine["dense"].dtype != dtype:
+            return None
+        try:
+            built[name] = kind.from_stored(mine, linear.bias)
+        except (ValueError, RuntimeError, IndexError):
+            return None
+    return built
 
 
 def _codes_identity(mode: str, dtype: torch.dtype, layers) -> dict:
