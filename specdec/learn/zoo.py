@@ -36,7 +36,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from scipy import optimize, stats
 
 from specdec.core.errors import InvalidInputError, whole_number
 from specdec.learn.lab import (LEVEL, MAX_LAB_ROUNDS, ChiSquare, FirstTokenLogits, HundredPoints, LabInputError,
@@ -616,6 +615,8 @@ def detection_probability(out: np.ndarray, promised: np.ndarray, n: float) -> fl
     if inside.sum() > 0 and n_in >= 1:
         test = chi_square(inside / inside.sum() * n_in, promised)
         if test.testable and test.dof > 0:
+            from scipy import stats  # here, not at import: scipy.stats costs the app's start ~0.7 s
+
             crit = stats.chi2.isf(LEVEL, test.dof)
             p_chi = float(stats.ncx2.sf(crit, test.dof, max(test.statistic, 1e-12)))
             p_chi = max(p_chi, LEVEL)  # under the null it still fails at the level's rate
@@ -633,6 +634,8 @@ def rounds_needed(out: np.ndarray, promised: np.ndarray, power: float, n_max: fl
         return 1.0
     if f(hi) < 0:
         return math.inf
+    from scipy import optimize
+
     return float(math.exp(optimize.brentq(f, lo, hi, xtol=0.01)))
 
 

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from specdec.core.speedup import speedup_from_costs, tokens_per_row
 
@@ -66,6 +65,8 @@ def line_fit(xs, ys) -> tuple[float, float] | None:
     if len({x for x, _ in pts}) == 1:
         return float(np.mean([y for _, y in pts])), 0.0
     a = np.array([[1.0, x] for x, _ in pts])
+    from scipy.optimize import nnls  # here, not at import: scipy costs the app's start
+
     (intercept, slope), _ = nnls(a, np.array([y for _, y in pts]))
     return float(intercept), float(slope)
 
