@@ -60,14 +60,17 @@ def warm(args: list[str], times: int = 2) -> dict:
 
 
 def compare_row(label: str, firsts: list[dict], agains: list[dict]) -> dict:
-    """One prompt's fresh runs against its warm ones: the median speedup of each side and their ratio, every
-    speedup listed, and whether every run gave the same text."""
+    """One prompt's fresh runs against its warm ones: the median speedup of each side and their ratio; the median
+    of the ratios repeat by repeat (each fresh run beside the warm run made right after it, so a machine that
+    drifts faster or slower over the minutes of the check moves both alike); every speedup listed, and whether
+    every run gave the same text."""
     def med(xs):
         return statistics.median(xs)
 
     fresh_s, warm_s = [x["speedup"] for x in firsts], [x["speedup"] for x in agains]
     return {"example": label, "fresh_speedup": med(fresh_s), "warm_speedup": med(warm_s),
             "fresh_over_warm": med(fresh_s) / med(warm_s),
+            "fresh_over_warm_paired": med([f / w for f, w in zip(fresh_s, warm_s)]),
             "same_text": len({x["text"] for x in firsts + agains}) == 1,
             "fresh_tok_s": med([x["speculative_tok_s"] for x in firsts]),
             "warm_tok_s": med([x["speculative_tok_s"] for x in agains]),

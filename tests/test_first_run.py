@@ -107,6 +107,7 @@ def test_the_cli_check_compares_medians_over_repeats():
     runs = lambda *speedups: [{"speedup": x, "speculative_tok_s": 10 * x, "text": "t"} for x in speedups]  # noqa: E731
     row = _cli_first_run().compare_row("ex", runs(2.0, 3.0, 9.0), runs(4.0, 2.5, 3.0))
     assert (row["fresh_speedup"], row["warm_speedup"], row["fresh_over_warm"]) == (3.0, 3.0, 1.0)
+    assert row["fresh_over_warm_paired"] == 1.2  # the ratios repeat by repeat: 0.5, 1.2, 3.0
     assert row["same_text"] and row["fresh_speedups"] == [2.0, 3.0, 9.0] and row["fresh_tok_s"] == 30.0
     other = runs(2.0) + [{"speedup": 2.0, "speculative_tok_s": 1.0, "text": "u"}]
     assert not _cli_first_run().compare_row("ex", other, runs(2.0))["same_text"]
