@@ -1,8 +1,8 @@
 """What a new visitor meets: start `python app.py` as a user does and measure the first minutes.
 
 Reports (JSON on stdout, and to --out):
-- seconds until the page answers and until the model pair is ready (the loader's "models ready" line), and the
-  app's RSS at that moment;
+- seconds until the page answers and until the model pair is ready (the loader's "models ready" line), the
+  app's RSS at that moment, and the seconds each step of the load took (from the loader's progress lines);
 - the playground's first example (its prompt and settings, through /generate), run twice: wall time of each run,
   and the measured speedup the stats panel shows (against plain steps timed between the run's rounds);
 - the Race tab on the same prompt and settings (/race, a plain lane and the example's drafter taking turns):
@@ -59,6 +59,16 @@ def baseline_ms_of(stats_html: str) -> float | None:
     """The plain ms per token the stats panel's measured speedup divided by (its footer says it)."""
     m = re.search(r"plain target cost: [^:<]*: ([0-9.]+) ms/token", html.unescape(stats_html))
     return float(m.group(1)) if m else None
+
+
+PROGRESS = re.compile(r"^\[specdec\] \[[#.]*\]\s+\d+%\s+([0-9.]+) s\s+[^:]*: (.*)$", re.M)
+
+
+def load_steps(log_text: str) -> list[dict]:
+    """Where the pair's load went, from the loader's progress lines in the app's log: each step (the line that
+    announces it) with the seconds until the next line; the last line ("models ready in ...") ends the list."""
+    marks = [(float(t), msg.strip()) for t, msg in PROGRESS.findall(log_text)]
+    return [{"step": msg, "s": round(t_next - t, 2)} for (t, msg), (t_next, _) in zip(marks, marks[1:])]
 
 
 def lane_speedup(summary: dict, drafter: str) -> float | None:
@@ -140,6 +150,7 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path) -> dict:
     return {
         "pair": name, "example": example["label"], "max_new_tokens": max_new,
         "page_s": round(page_s, 1), "ready_s": round(ready_s, 1), "rss_ready_mib": round(ready_rss),
+        "load_steps": load_steps(log.read_text(errors="replace")),
         "rss_after_mib": round(rss_after),
         "first_run": {k: v for k, v in first.items() if k != "text"},
         "second_run": {k: v for k, v in second.items() if k != "text"},

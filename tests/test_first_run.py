@@ -70,6 +70,22 @@ def test_the_load_progress_only_moves_forward_and_ends_full():
     assert progress_bar(0.5, 10) == "[#####.....]  50%"
 
 
+def test_the_load_steps_are_read_from_the_apps_log():
+    log = """[specdec] [........................]   0%   0.0 s  default-int4: loading model pair default-int4
+[specdec] [################........]  65%   2.4 s  default-int4: loading tokenizer (embedded:x)
+* Running on local URL:  http://0.0.0.0:36581
+Loading weights: 100%|##########| 339/339 [00:00<00:00, 5945.26it/s]
+[specdec] [###################.....]  78%   9.0 s  default-int4: loading draft embedded:y
+[specdec] [#####################...]  88%  12.9 s  default-int4: quantizing the draft (int4)
+[specdec] [########################] 100%  17.1 s  default-int4: models ready in 17.1 s
+"""
+    steps = first_run.load_steps(log)
+    assert [x["step"] for x in steps] == ["loading model pair default-int4", "loading tokenizer (embedded:x)",
+                                          "loading draft embedded:y", "quantizing the draft (int4)"]
+    assert [x["s"] for x in steps] == [2.4, 6.6, 3.9, 4.2]
+    assert first_run.load_steps("no progress here") == []
+
+
 def test_the_badge_draws_a_bar_while_loading_only():
     from components.stats import render_model_status
 
