@@ -4,9 +4,10 @@ Run `python app.py` and open http://localhost:7860. The server comes up at once 
 background thread (the page shows its progress). Environment:
 
 - GRADIO_SERVER_PORT (default 7860), GRADIO_SERVER_NAME (default 0.0.0.0)
-- SPECDEC_PAIR: the preset loaded at startup and kept loaded (default: "default-int4" on a CPU, the embedded
-  Qwen2.5-Coder 1.5B target with its 0.5B draft in int4; "default", the same with a bf16 draft, on a GPU; "tiny"
-  is the random-weight test pair)
+- SPECDEC_PAIR: the preset loaded at startup and kept loaded (default: "default-int4" on a CPU with native bf16
+  matmuls (AVX512-BF16 or AMX), the embedded Qwen2.5-Coder 1.5B target with its 0.5B draft in int4; "default",
+  the same with an unquantized draft, on a GPU and on other CPUs, where it runs in float32; "tiny" is the
+  random-weight test pair)
 - SPECDEC_DTYPE / SPECDEC_DEVICE: passed to load_pair (default "auto")
 - SPECDEC_CONCURRENCY: decoding events that may run at once across all sessions (default 2); every other event
   runs without a limit (they are cheap), the Learn tab's real-model check one at a time

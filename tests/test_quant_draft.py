@@ -370,16 +370,22 @@ def test_loop_parts_split_round_one_from_the_steady_state():
     assert loop_parts(runs[1:])["c_steady"] is None and loop_parts(runs[1:])["draft_ms_per_guess_steady"] is None
 
 
-def test_the_app_opens_on_the_int4_draft_on_a_cpu_only(monkeypatch):
+def test_the_app_opens_on_the_int4_draft_on_a_cpu_with_fast_bf16_only(monkeypatch):
+    from specdec.models import pair as pair_mod
     from ui.loader import default_pair_name
 
     monkeypatch.delenv("SPECDEC_DEVICE", raising=False)
     monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(pair_mod, "cpu_has_fast_bf16", lambda: True)
     assert default_pair_name() == "default-int4"
     monkeypatch.setenv("SPECDEC_DTYPE", "float32")  # the packed kernels need bf16 activations
     assert default_pair_name() == "default"
     monkeypatch.delenv("SPECDEC_DTYPE")
+    # Without native bf16 matmuls (an AVX2-only CPU) a bf16 pass costs more with every row: the float32 pair.
+    monkeypatch.setattr(pair_mod, "cpu_has_fast_bf16", lambda: False)
+    assert default_pair_name() == "default"
+    monkeypatch.setattr(pair_mod, "cpu_has_fast_bf16", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_pair_name() == "default"
 

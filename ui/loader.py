@@ -220,13 +220,21 @@ class PairLoader:
 
 
 def default_pair_name() -> str:
-    """The pair the app opens on: the embedded pair with its int4 draft on a CPU (the packed draft reads a quarter of
-    the bytes a step, at the bf16 draft's acceptance; `bench --quant-draft` measures it, docs/performance.md), the
-    plain one on a GPU, where the packed kernels do not run, or when float32 is asked for."""
+    """The pair the app opens on: on a CPU with native bf16 matmuls (AVX512-BF16 or AMX), the embedded pair with its
+    int4 draft (the packed draft reads a quarter of the bytes a step, at the bf16 draft's acceptance; `bench
+    --quant-draft` measures it, docs/performance.md); elsewhere the plain embedded pair, which the "auto" dtype runs
+    in float32 on a CPU without them: there a bf16 product costs more with every row it multiplies (a 2-core AVX2
+    EPYC: the target's pass 270 ms for one token, 900 ms for five, against 430 and 1,190 ms in float32), so a bf16
+    verify pass of five tokens costs what plain decoding does in five steps and speculation cannot pay. On a GPU, or
+    when float32 is asked for, also the plain pair."""
     import torch
 
+    from specdec.models.pair import cpu_has_fast_bf16
+
     on_gpu = os.environ.get("SPECDEC_DEVICE", "auto") == "cuda" or torch.cuda.is_available()
-    return "default" if on_gpu or os.environ.get("SPECDEC_DTYPE") == "float32" else "default-int4"
+    if on_gpu or os.environ.get("SPECDEC_DTYPE") == "float32" or not cpu_has_fast_bf16():
+        return "default"
+    return "default-int4"
 
 
 def env_request() -> PairRequest:
