@@ -10,6 +10,11 @@ Reports (JSON on stdout, and to --out):
 
     python scripts/first_run.py                 # the app's default pair
     python scripts/first_run.py --pair tiny     # the random-weight test pair (seconds)
+    python scripts/first_run.py --browser       # the same runs clicked in headless Chromium, with screenshots
+
+With --browser the runs go through the page as a visitor's do (Chromium on the same machine, so its drawing shares
+the cores with the decoding): Generate on the example the page opens with, twice, reading the speedup the stats panel
+shows, then the Race tab with that example's drafter; screenshots of both go next to --out.
 """
 
 from __future__ import annotations
@@ -84,6 +89,15 @@ def race_ms_per_token(summary: dict) -> dict:
             for lane in summary.get("lanes", []) if lane.get("tokens")}
 
 
+RACE_SPEEDUP = re.compile(r"speedup <b>([0-9.]+)×</b>")
+
+
+def race_lane_speedup_html(lane_html: str) -> float | None:
+    """The speedup a rendered race lane shows (components.race: "speedup <b>1.68×</b>"); None while it has none."""
+    m = RACE_SPEEDUP.search(lane_html)
+    return float(m.group(1)) if m else None
+
+
 def wait_ready(proc: subprocess.Popen, log: Path, url: str, timeout: float) -> tuple[float, float]:
     """(seconds until the page answered, seconds until the loader said the models are ready)."""
     t0, page = time.time(), None
@@ -109,7 +123,7 @@ def example_controls(example: dict, pair: str, max_new: int) -> list:
             pair, "", "", example["drafter"]]
 
 
-def measure(pair: str | None, max_new: int, timeout: float, log: Path) -> dict:
+def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Path | None = None) -> dict:
     from gradio_client import Client
 
     from specdec.prompts import GROUNDED
@@ -126,6 +140,14 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path) -> dict:
     try:
         page_s, ready_s = wait_ready(proc, log, url, timeout)
         ready_rss = rss_mib(proc.pid)
+        if shots is not None:  # through the page instead of the API
+            shots.mkdir(parents=True, exist_ok=True)
+            seen = browser_runs(url, example, max_new, shots)
+            return {"pair": pair or re.search(r"loading model pair (\S+)", log.read_text()).group(1),
+                    "example": example["label"], "max_new_tokens": max_new, "page_s": round(page_s, 1),
+                    "ready_s": round(ready_s, 1), "rss_ready_mib": round(ready_rss), "browser": seen,
+                    "rss_after_mib": round(rss_mib(proc.pid)), "cpu": cpu_name(),
+                    "engine_log": re.findall(r"\[specdec\] run: .*", log.read_text(errors="replace"))}
         client = Client(url, verbose=False)
         name = pair or re.search(r"loading model pair (\S+)", log.read_text()).group(1)
         runs = []
@@ -164,6 +186,62 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path) -> dict:
     }
 
 
+def browser_runs(url: str, example: dict, max_new: int, shots: Path) -> dict:
+    """The first example through the page in headless Chromium: Generate twice on the settings the page opens with
+    (the first example's), then the Race tab on that example's prompt with its drafter. Returns what each showed."""
+    from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, str(ROOT))
+    from tests.conftest import CHROMIUM_ARGS, DEBIAN_CHROMIUM
+
+    lanes = f"{example['drafter']}:{example['gamma']}"
+    out: dict = {"playground": []}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=os.environ.get("SPECDEC_CHROMIUM", DEBIAN_CHROMIUM),
+                                     args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1100})
+        page.goto(url)
+        page.wait_for_selector('#sd-model-badge [data-state="ready"]', timeout=600_000)
+        page.wait_for_function("() => document.querySelector('#sd-drafter input').value === 'n-gram lookup'",
+                               timeout=60_000)
+        page.fill("#sd-max-new input[type=number]", str(max_new))
+        page.press("#sd-max-new input[type=number]", "Enter")
+        for i in range(2):
+            page.click("#sd-reset")
+            page.wait_for_function("() => document.querySelector('#sd-status').innerText.trim().startsWith('Reset')")
+            t = time.perf_counter()
+            page.click("#sd-generate")
+            page.wait_for_function("() => document.querySelector('#sd-status').innerText.trim().startsWith('Done')",
+                                   timeout=600_000)
+            wall = time.perf_counter() - t
+            stats = page.inner_html("#sd-stats")
+            out["playground"].append({"wall_s": round(wall, 3), "speedup_shown": speedup_of(stats),
+                                      "plain_ms_per_token": baseline_ms_of(stats)})
+        page.wait_for_timeout(1500)  # the arrival animations, before the picture
+        page.screenshot(path=str(shots / "browser-playground.png"), full_page=True)
+        page.get_by_role("tab", name="Race").click()
+        page.wait_for_selector("#race-run", state="visible")
+        page.fill("#race-prompt textarea", example["prompt"])
+        if page.locator("#race-chat input[type=checkbox]").is_checked() != example["chat"]:
+            page.locator("#race-chat input[type=checkbox]").click()
+        page.fill("#race-lanes textarea, #race-lanes input", lanes)
+        for sel, value in (("#race-max-new input[type=number]", max_new),
+                           ("#race-temperature input[type=number]", example["temperature"])):
+            page.fill(sel, str(value))
+            page.press(sel, "Enter")
+        page.click("#race-run")
+        page.wait_for_function("() => { const l = document.querySelectorAll('#race-view .race-lane');"
+                               " return l.length === 2 && [...l].every(x => x.dataset.state === 'done'); }",
+                               timeout=900_000)
+        out["race_lane_speedup"] = race_lane_speedup_html(page.inner_html('#race-view .race-lane[data-lane="1"]'))
+        page.locator("#race-view").scroll_into_view_if_needed()
+        page.screenshot(path=str(shots / "browser-race.png"), full_page=True)
+        browser.close()
+    shown = out["playground"][-1]["speedup_shown"]
+    out["shown_over_race"] = round(shown / out["race_lane_speedup"], 3) if shown and out["race_lane_speedup"] else None
+    return out
+
+
 def cpu_name() -> str:
     sys.path.insert(0, str(ROOT))
     from specdec.models.pair import cpu_name as name
@@ -178,8 +256,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the pair to be ready")
     ap.add_argument("--out", default=str(ROOT / "bench-results" / "first-run.json"))
     ap.add_argument("--log", default=str(ROOT / "bench-results" / "first-run-app.log"))
+    ap.add_argument("--browser", action="store_true",
+                    help="run the example and the race through the page in headless Chromium (screenshots beside --out)")
     args = ap.parse_args(argv)
-    result = measure(args.pair, args.max_new, args.timeout, Path(args.log))
+    result = measure(args.pair, args.max_new, args.timeout, Path(args.log),
+                     Path(args.out).parent if args.browser else None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

@@ -192,6 +192,24 @@ def test_plain_steps_timed_beside_a_run_leave_it_unchanged(tiny_pair, temperatur
     assert plain.record().baseline_prompt_ms is None
 
 
+def test_a_due_plain_step_is_timed_when_the_next_round_starts_not_before_the_round_is_handed_over(no_eos):
+    """A page on the same machine draws a round while the next one runs: the plain step is timed then (as plain
+    decoding streamed to that page would run), not in the quiet between a round's end and its update."""
+    s = DecodeSettings(max_new_tokens=12, gamma=2, sampling=SamplingConfig(temperature=0.0))
+    dec = SpeculativeDecoder(no_eos, "a b c", s, plain_probe=True)
+    seen = []
+    timed = dec.time_plain_step
+    dec.time_plain_step = lambda: (seen.append(len(dec.rounds)), timed())[1]
+    dec.step()
+    assert seen == [] and dec.plain_step_ms == []  # due after round one, not yet timed when round one is returned
+    dec.step()
+    assert seen == [1] and len(dec.plain_step_ms) == 1  # timed as round two started, before its own clock
+    assert dec.rounds[1].round_ms >= 0 and dec.totals.elapsed_ms <= sum(r.round_ms for r in dec.rounds) + 50
+    rest = list(dec)
+    assert seen[0] == 1 and all(b > a for a, b in zip(seen, seen[1:]))
+    assert not rest or len(seen) <= len(dec.rounds) - 1  # the last round never leaves a step behind
+
+
 def test_plain_cost_of_the_same_tokens_pays_the_prompt_once():
     from specdec.core.metrics import plain_ms_for
 

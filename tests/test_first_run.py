@@ -44,6 +44,19 @@ def test_the_race_lane_of_the_examples_drafter_is_found(tiny_pair):
     assert first_run.lane_speedup(summary, "cross") is None
 
 
+def test_the_race_lane_speedup_is_read_from_the_rendered_lane(tiny_pair):
+    from components.race import render_race
+
+    race = Race(tiny_pair, "a b a b a b", DecodeSettings(max_new_tokens=8), parse_lanes("ngram:4"))
+    for _ in race:
+        pass
+    page = render_race(race.view())
+    lane = page[page.index('data-lane="1"'):]
+    assert first_run.race_lane_speedup_html(lane) == round(race.speedup(1), 2)
+    assert first_run.race_lane_speedup_html(page[:page.index('data-lane="1"')]) == 1.0  # the plain lane: 1.00×
+    assert first_run.race_lane_speedup_html("<span>speedup <b>–</b></span>") is None
+
+
 def test_the_first_example_is_sent_with_its_own_settings():
     example = GROUNDED[0]
     controls = first_run.example_controls(example, "default", 64)

@@ -36,6 +36,9 @@ from specdec.models.pair import ModelPair
 # mode round one first runs the prompt through the target alone (plain decoding's first step, timed as
 # `plain_prompt_ms` and booked to round one's scoring time), then scores its guesses on top, so plain decoding of the
 # same tokens costs plain_prompt_ms + (n - 1) * the median step (core.metrics.plain_ms_for).
+# A step due after a round is timed when the next round starts, after the round went to whoever reads it: where that
+# is a page on the same machine, the step runs while the page draws the round, as plain decoding streamed to that
+# page would run (the Race tab's plain lane steps at the same moment), rather than in the quiet before the update.
 PLAIN_PROBE_MIN = 2
 PLAIN_PROBE_SHARE = 0.15
 
@@ -72,6 +75,7 @@ class SpeculativeDecoder:
         self.plain_probe = plain_probe
         self.plain_step_ms: list[float] = []  # plain target steps timed between rounds (time_plain_step)
         self.plain_prompt_ms: float | None = None  # the prompt pass alone, timed in round one (plain_probe)
+        self._plain_step_pending = False  # a plain step is due when the next round starts (PLAIN_PROBE_MIN)
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -97,6 +101,9 @@ class SpeculativeDecoder:
             raise InvalidInputError("generation has finished; start a new run")
         # No separate prefill: round one feeds the prompt together with its first draft step and its verification
         # (with plain_probe, the target's prompt pass runs alone first and is timed: see PLAIN_PROBE_MIN).
+        if self._plain_step_pending:
+            self._plain_step_pending = False
+            self.time_plain_step()
         clock = Stopwatch(self.pair.device)
         self._started = self._started or clock.start
         prompt_ms = self._time_prompt_pass(clock) if self.plain_probe and not self.rounds else 0.0
@@ -129,8 +136,7 @@ class SpeculativeDecoder:
         self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round_ms - sum(self.plain_step_ms)
         rnd.totals = replace(self.totals)
         self.rounds.append(rnd)
-        if self.plain_probe and not self.done and self._plain_step_due():
-            self.time_plain_step()
+        self._plain_step_pending = self.plain_probe and not self.done and self._plain_step_due()
         return rnd
 
     def _time_prompt_pass(self, clock: Stopwatch) -> float:
