@@ -140,16 +140,16 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Pa
     try:
         page_s, ready_s = wait_ready(proc, log, url, timeout)
         ready_rss = rss_mib(proc.pid)
+        name = pair or re.search(r"loading model pair (\S+)", log.read_text()).group(1)
+        started = {"pair": name, "example": example["label"], "max_new_tokens": max_new, "page_s": round(page_s, 1),
+                   "ready_s": round(ready_s, 1), "rss_ready_mib": round(ready_rss),
+                   "load_steps": load_steps(log.read_text(errors="replace"))}
         if shots is not None:  # through the page instead of the API
             shots.mkdir(parents=True, exist_ok=True)
             seen = browser_runs(url, example, max_new, shots)
-            return {"pair": pair or re.search(r"loading model pair (\S+)", log.read_text()).group(1),
-                    "example": example["label"], "max_new_tokens": max_new, "page_s": round(page_s, 1),
-                    "ready_s": round(ready_s, 1), "rss_ready_mib": round(ready_rss), "browser": seen,
-                    "rss_after_mib": round(rss_mib(proc.pid)), "cpu": cpu_name(),
+            return {**started, "browser": seen, "rss_after_mib": round(rss_mib(proc.pid)), "cpu": cpu_name(),
                     "engine_log": re.findall(r"\[specdec\] run: .*", log.read_text(errors="replace"))}
         client = Client(url, verbose=False)
-        name = pair or re.search(r"loading model pair (\S+)", log.read_text()).group(1)
         runs = []
         for _ in range(2):
             t = time.perf_counter()
@@ -170,9 +170,7 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Pa
     first, second = runs
     race_speedup = lane_speedup(race, example["drafter"])
     return {
-        "pair": name, "example": example["label"], "max_new_tokens": max_new,
-        "page_s": round(page_s, 1), "ready_s": round(ready_s, 1), "rss_ready_mib": round(ready_rss),
-        "load_steps": load_steps(log.read_text(errors="replace")),
+        **started,
         "rss_after_mib": round(rss_after),
         "first_run": {k: v for k, v in first.items() if k != "text"},
         "second_run": {k: v for k, v in second.items() if k != "text"},
@@ -192,13 +190,14 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path) -> dict:
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(ROOT))
-    from tests.conftest import CHROMIUM_ARGS, DEBIAN_CHROMIUM
+    from tests.conftest import CHROMIUM_ARGS, chromium_executable
 
     lanes = f"{example['drafter']}:{example['gamma']}"
     out: dict = {"playground": []}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=os.environ.get("SPECDEC_CHROMIUM", DEBIAN_CHROMIUM),
-                                     args=CHROMIUM_ARGS)
+        browser = pw.chromium.launch(
+            executable_path=chromium_executable(os.environ, os.path.exists, pw.chromium.executable_path),
+            args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1440, "height": 1100})
         page.goto(url)
         page.wait_for_selector('#sd-model-badge [data-state="ready"]', timeout=600_000)
@@ -206,7 +205,7 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path) -> dict:
                                timeout=60_000)
         page.fill("#sd-max-new input[type=number]", str(max_new))
         page.press("#sd-max-new input[type=number]", "Enter")
-        for i in range(2):
+        for _ in range(2):
             page.click("#sd-reset")
             page.wait_for_function("() => document.querySelector('#sd-status').innerText.trim().startsWith('Reset')")
             t = time.perf_counter()

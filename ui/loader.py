@@ -223,10 +223,9 @@ def default_pair_name() -> str:
     """The pair the app opens on: on a CPU with native bf16 matmuls (AVX512-BF16 or AMX), the embedded pair with its
     int4 draft (the packed draft reads a quarter of the bytes a step, at the bf16 draft's acceptance; `bench
     --quant-draft` measures it, docs/performance.md); elsewhere the plain embedded pair, which the "auto" dtype runs
-    in float32 on a CPU without them: there a bf16 product costs more with every row it multiplies (a 2-core AVX2
-    EPYC: the target's pass 270 ms for one token, 900 ms for five, against 430 and 1,190 ms in float32), so a bf16
-    verify pass of five tokens costs what plain decoding does in five steps and speculation cannot pay. On a GPU, or
-    when float32 is asked for, also the plain pair."""
+    in float32 on a CPU without them, where a bf16 pass costs more with every row it multiplies and speculation
+    cannot pay (docs/performance.md, "A CPU without native bf16"). On a GPU, or when float32 is asked for, also the
+    plain pair."""
     import torch
 
     from specdec.models.pair import cpu_has_fast_bf16

@@ -75,7 +75,6 @@ class SpeculativeDecoder:
         self.plain_probe = plain_probe
         self.plain_step_ms: list[float] = []  # plain target steps timed between rounds (time_plain_step)
         self.plain_prompt_ms: float | None = None  # the prompt pass alone, timed in round one (plain_probe)
-        self._plain_step_pending = False  # a plain step is due when the next round starts (PLAIN_PROBE_MIN)
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -101,8 +100,7 @@ class SpeculativeDecoder:
             raise InvalidInputError("generation has finished; start a new run")
         # No separate prefill: round one feeds the prompt together with its first draft step and its verification
         # (with plain_probe, the target's prompt pass runs alone first and is timed: see PLAIN_PROBE_MIN).
-        if self._plain_step_pending:
-            self._plain_step_pending = False
+        if self.plain_probe and self.rounds and self._plain_step_due():  # due after the last round (PLAIN_PROBE_MIN)
             self.time_plain_step()
         clock = Stopwatch(self.pair.device)
         self._started = self._started or clock.start
@@ -136,7 +134,6 @@ class SpeculativeDecoder:
         self.totals.elapsed_ms = (clock.start - self._started) * 1e3 + rnd.round_ms - sum(self.plain_step_ms)
         rnd.totals = replace(self.totals)
         self.rounds.append(rnd)
-        self._plain_step_pending = self.plain_probe and not self.done and self._plain_step_due()
         return rnd
 
     def _time_prompt_pass(self, clock: Stopwatch) -> float:
