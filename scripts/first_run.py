@@ -3,14 +3,16 @@
 Reports (JSON on stdout, and to --out):
 - seconds until the page answers and until the model pair is ready (the loader's "models ready" line), the
   app's RSS at that moment, and the seconds each step of the load took (from the loader's progress lines);
-- the playground's first example (its prompt and settings, through /generate), run twice: wall time of each run,
-  and the measured speedup the stats panel shows (against plain steps timed between the run's rounds);
+- the playground's first example (its prompt and settings, through /generate), run twice (--runs N: N times):
+  wall time of each run, and the measured speedup the stats panel shows (against plain steps timed between the
+  run's rounds);
 - the Race tab on the same prompt and settings (/race, a plain lane and the example's drafter taking turns):
   that lane's stopwatch speedup over the plain lane.
 
     python scripts/first_run.py                 # the app's default pair
     python scripts/first_run.py --pair tiny     # the random-weight test pair (seconds)
     python scripts/first_run.py --browser       # the same runs clicked in headless Chromium, with screenshots
+    python scripts/first_run.py --browser --runs 5 --races 3   # more of each: both figures vary from run to run
 
 With --browser the runs go through the page as a visitor's do (Chromium on the same machine, so its drawing shares
 the cores with the decoding): Generate on the example the page opens with, twice, reading the speedup the stats panel
@@ -123,7 +125,8 @@ def example_controls(example: dict, pair: str, max_new: int) -> list:
             pair, "", "", example["drafter"]]
 
 
-def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Path | None = None) -> dict:
+def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Path | None = None,
+            runs: int = 2, races: int = 1, reduced_motion: bool = False) -> dict:
     from gradio_client import Client
 
     from specdec.prompts import GROUNDED
@@ -146,16 +149,16 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Pa
                    "load_steps": load_steps(log.read_text(errors="replace"))}
         if shots is not None:  # through the page instead of the API
             shots.mkdir(parents=True, exist_ok=True)
-            seen = browser_runs(url, example, max_new, shots)
+            seen = browser_runs(url, example, max_new, shots, runs, races, reduced_motion)
             return {**started, "browser": seen, "rss_after_mib": round(rss_mib(proc.pid)), "cpu": cpu_name(),
                     "engine_log": re.findall(r"\[specdec\] run: .*", log.read_text(errors="replace"))}
         client = Client(url, verbose=False)
-        runs = []
-        for _ in range(2):
+        done = []
+        for _ in range(runs):
             t = time.perf_counter()
             outs = client.predict(*example_controls(example, name, max_new), api_name="/generate")
             wall = time.perf_counter() - t
-            runs.append({"wall_s": round(wall, 3), "speedup_shown": speedup_of(outs[STATS]),
+            done.append({"wall_s": round(wall, 3), "speedup_shown": speedup_of(outs[STATS]),
                          "plain_ms_per_token": baseline_ms_of(outs[STATS]), "text": outs[TEXT]})
         lanes = f"{example['drafter']}:{example['gamma']}"
         race = client.predict(example["prompt"], example["chat"], lanes, max_new, example["temperature"], 0,
@@ -167,7 +170,7 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Pa
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-    first, second = runs
+    first, second = done[0], done[1]
     race_speedup = lane_speedup(race, example["drafter"])
     return {
         **started,
@@ -180,11 +183,14 @@ def measure(pair: str | None, max_new: int, timeout: float, log: Path, shots: Pa
         "race_ms_per_token": race_ms_per_token(race),
         "shown_over_race": (round(second["speedup_shown"] / race_speedup, 3)
                             if race_speedup and second["speedup_shown"] else None),
+        **({"runs": [{k: v for k, v in r.items() if k != "text"} for r in done],
+            "shown_over_race_by_run": shown_over(done, race_speedup)} if runs > 2 else {}),
         "cpu": cpu_name(),
     }
 
 
-def browser_runs(url: str, example: dict, max_new: int, shots: Path) -> dict:
+def browser_runs(url: str, example: dict, max_new: int, shots: Path, runs: int = 2, races: int = 1,
+                 reduced_motion: bool = False) -> dict:
     """The first example through the page in headless Chromium: Generate twice on the settings the page opens with
     (the first example's), then the Race tab on that example's prompt with its drafter. Returns what each showed."""
     from playwright.sync_api import sync_playwright
@@ -198,14 +204,14 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path) -> dict:
         browser = pw.chromium.launch(
             executable_path=chromium_executable(os.environ, os.path.exists, pw.chromium.executable_path),
             args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1100})
+        page = browser.new_page(viewport={"width": 1440, "height": 1100}, reduced_motion="reduce" if reduced_motion else "no-preference")
         page.goto(url)
         page.wait_for_selector('#sd-model-badge [data-state="ready"]', timeout=600_000)
         page.wait_for_function("() => document.querySelector('#sd-drafter input').value === 'n-gram lookup'",
                                timeout=60_000)
         page.fill("#sd-max-new input[type=number]", str(max_new))
         page.press("#sd-max-new input[type=number]", "Enter")
-        for _ in range(2):
+        for _ in range(runs):
             page.click("#sd-reset")
             page.wait_for_function("() => document.querySelector('#sd-status').innerText.trim().startsWith('Reset')")
             t = time.perf_counter()
@@ -228,17 +234,30 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path) -> dict:
                            ("#race-temperature input[type=number]", example["temperature"])):
             page.fill(sel, str(value))
             page.press(sel, "Enter")
-        page.click("#race-run")
-        page.wait_for_function("() => { const l = document.querySelectorAll('#race-view .race-lane');"
-                               " return l.length === 2 && [...l].every(x => x.dataset.state === 'done'); }",
-                               timeout=900_000)
-        out["race_lane_speedup"] = race_lane_speedup_html(page.inner_html('#race-view .race-lane[data-lane="1"]'))
+        lanes_done = "[...document.querySelectorAll('#race-view .race-lane')].every(x => x.dataset.state === 'done')"
+        out["races"] = []
+        for i in range(races):
+            page.click("#race-run")
+            if i:  # the last race's lanes read done until this one's first update replaces them
+                page.wait_for_function(f"() => !({lanes_done})", timeout=60_000)
+            page.wait_for_function("() => document.querySelectorAll('#race-view .race-lane').length === 2 && "
+                                   f"{lanes_done}", timeout=900_000)
+            out["races"].append(race_lane_speedup_html(page.inner_html('#race-view .race-lane[data-lane="1"]')))
+        out["race_lane_speedup"] = (sorted(out["races"])[len(out["races"]) // 2]
+                                    if None not in out["races"] else None)
         page.locator("#race-view").scroll_into_view_if_needed()
         page.screenshot(path=str(shots / "browser-race.png"), full_page=True)
         browser.close()
     shown = out["playground"][-1]["speedup_shown"]
     out["shown_over_race"] = round(shown / out["race_lane_speedup"], 3) if shown and out["race_lane_speedup"] else None
+    out["shown_over_race_by_run"] = shown_over(out["playground"], out["race_lane_speedup"])
     return out
+
+
+def shown_over(runs: list[dict], race_speedup: float | None) -> list[float | None]:
+    """Each run's shown speedup over the race lane's (None where either is missing)."""
+    return [round(r["speedup_shown"] / race_speedup, 3) if race_speedup and r["speedup_shown"] else None
+            for r in runs]
 
 
 def cpu_name() -> str:
@@ -257,9 +276,18 @@ def main(argv=None) -> int:
     ap.add_argument("--log", default=str(ROOT / "bench-results" / "first-run-app.log"))
     ap.add_argument("--browser", action="store_true",
                     help="run the example and the race through the page in headless Chromium (screenshots beside --out)")
+    ap.add_argument("--runs", type=int, default=2,
+                    help="playground runs of the example (at least 2: the first and the second are compared)")
+    ap.add_argument("--races", type=int, default=1,
+                    help="with --browser: races run in the Race tab (the median lane speedup is compared)")
+    ap.add_argument("--reduced-motion", action="store_true",
+                    help="with --browser: the page is asked for reduced motion (no arrival animations)")
     args = ap.parse_args(argv)
+    if args.runs < 2:
+        ap.error("--runs must be at least 2")
     result = measure(args.pair, args.max_new, args.timeout, Path(args.log),
-                     Path(args.out).parent if args.browser else None)
+                     Path(args.out).parent if args.browser else None, args.runs, args.races,
+                     args.reduced_motion)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

@@ -11,7 +11,7 @@ import torch
 
 from specdec.core.sampling import SamplingConfig
 from specdec.core.settings import DecodeSettings
-from specdec.loop.decoder import PLAIN_PROBE_MIN, SpeculativeDecoder
+from specdec.loop.decoder import PLAIN_PROBE_MIN, PLAIN_PROBE_SKIP, SpeculativeDecoder
 from specdec.models import disk_cache, quant
 from specdec.models.quant import Int4Linear, Int8Linear, quantize
 
@@ -180,7 +180,7 @@ def test_plain_steps_timed_beside_a_run_leave_it_unchanged(tiny_pair, temperatur
     a, b = list(plain), list(probed)
     assert plain.generated_ids == probed.generated_ids
     assert [r.committed_ids for r in a] == [r.committed_ids for r in b]
-    assert len(probed.plain_step_ms) >= min(PLAIN_PROBE_MIN, len(b) - 1) and not plain.plain_step_ms
+    assert len(probed.plain_step_ms) >= min(PLAIN_PROBE_MIN, len(b) - 1 - PLAIN_PROBE_SKIP) and not plain.plain_step_ms
     rec = probed.record()
     assert rec.baseline_steps == len(probed.plain_step_ms)
     assert rec.baseline_ms_per_token == probed.plain_ms_per_token
@@ -200,14 +200,26 @@ def test_a_due_plain_step_is_timed_when_the_next_round_starts_not_before_the_rou
     seen = []
     timed = dec.time_plain_step
     dec.time_plain_step = lambda: (seen.append(len(dec.rounds)), timed())[1]
+    assert PLAIN_PROBE_SKIP == 1
     dec.step()
-    assert seen == [] and dec.plain_step_ms == []  # due after round one, not yet timed when round one is returned
     dec.step()
-    assert seen == [1] and len(dec.plain_step_ms) == 1  # timed as round two started, before its own clock
-    assert dec.rounds[1].round_ms >= 0 and dec.totals.elapsed_ms <= sum(r.round_ms for r in dec.rounds) + 50
+    # none after the run's first update (the page swaps its whole view then: a cost paid once per run)
+    assert seen == [] and dec.plain_step_ms == []
+    dec.step()
+    assert seen == [2] and len(dec.plain_step_ms) == 1  # due after round two, timed as round three started
+    assert dec.rounds[2].round_ms >= 0 and dec.totals.elapsed_ms <= sum(r.round_ms for r in dec.rounds) + 50
     rest = list(dec)
-    assert seen[0] == 1 and all(b > a for a, b in zip(seen, seen[1:]))
+    assert seen[0] == 2 and all(b > a for a, b in zip(seen, seen[1:]))
     assert not rest or len(seen) <= len(dec.rounds) - 1  # the last round never leaves a step behind
+
+
+def test_two_plain_steps_stand_for_their_mean_not_their_slower_one(no_eos):
+    s = DecodeSettings(max_new_tokens=12, gamma=2, sampling=SamplingConfig(temperature=0.0))
+    dec = SpeculativeDecoder(no_eos, "a b c", s, plain_probe=True)
+    dec.plain_step_ms = [400.0, 200.0]
+    assert dec.plain_ms_per_token == 300.0
+    dec.plain_step_ms = [400.0, 100.0, 200.0]
+    assert dec.plain_ms_per_token == 200.0
 
 
 def test_plain_cost_of_the_same_tokens_pays_the_prompt_once():

@@ -57,6 +57,17 @@ def test_the_race_lane_speedup_is_read_from_the_rendered_lane(tiny_pair):
     assert first_run.race_lane_speedup_html("<span>speedup <b>–</b></span>") is None
 
 
+def test_each_run_is_compared_with_the_race_lane():
+    runs = [{"speedup_shown": 3.0}, {"speedup_shown": 4.5}, {"speedup_shown": None}]
+    assert first_run.shown_over(runs, 4.0) == [0.75, 1.125, None]
+    assert first_run.shown_over(runs, None) == [None, None, None]
+
+
+def test_fewer_than_two_runs_are_refused():
+    with pytest.raises(SystemExit):
+        first_run.main(["--runs", "1"])
+
+
 def test_the_first_example_is_sent_with_its_own_settings():
     example = GROUNDED[0]
     controls = first_run.example_controls(example, "default", 64)

@@ -9,6 +9,7 @@ the round becomes a `Round` event (`loop.display`), which the policy and the run
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from typing import Iterator
 
@@ -39,8 +40,12 @@ from specdec.models.pair import ModelPair
 # A step due after a round is timed when the next round starts, after the round went to whoever reads it: where that
 # is a page on the same machine, the step runs while the page draws the round, as plain decoding streamed to that
 # page would run (the Race tab's plain lane steps at the same moment), rather than in the quiet before the update.
+# None follows the run's first PLAIN_PROBE_SKIP updates: the first one replaces the page's whole view (the last run's
+# tokens, empty charts) with this run's, a cost paid once per run, not once per token; a step timed while the page
+# does that measured 2-4x the later ones in Chromium and inflated the headline (docs/performance.md).
 PLAIN_PROBE_MIN = 2
 PLAIN_PROBE_SHARE = 0.15
+PLAIN_PROBE_SKIP = 1
 
 
 class SpeculativeDecoder:
@@ -100,7 +105,7 @@ class SpeculativeDecoder:
             raise InvalidInputError("generation has finished; start a new run")
         # No separate prefill: round one feeds the prompt together with its first draft step and its verification
         # (with plain_probe, the target's prompt pass runs alone first and is timed: see PLAIN_PROBE_MIN).
-        if self.plain_probe and self.rounds and self._plain_step_due():  # due after the last round (PLAIN_PROBE_MIN)
+        if self.plain_probe and self._plain_step_due():  # due after the last round (PLAIN_PROBE_MIN)
             self.time_plain_step()
         clock = Stopwatch(self.pair.device)
         self._started = self._started or clock.start
@@ -146,6 +151,8 @@ class SpeculativeDecoder:
         return self.plain_prompt_ms + clock.lap()
 
     def _plain_step_due(self) -> bool:
+        if len(self.rounds) <= PLAIN_PROBE_SKIP:
+            return False
         spent = sum(self.plain_step_ms)
         return len(self.plain_step_ms) < PLAIN_PROBE_MIN or spent < PLAIN_PROBE_SHARE * self.totals.elapsed_ms
 
@@ -169,9 +176,9 @@ class SpeculativeDecoder:
 
     @property
     def plain_ms_per_token(self) -> float | None:
-        """The median plain step timed beside this run (None before the first)."""
-        steps = sorted(self.plain_step_ms)
-        return steps[len(steps) // 2] if steps else None
+        """The median plain step timed beside this run (None before the first; of an even count, the mean of the
+        middle two, so two steps do not stand for their slower one)."""
+        return statistics.median(self.plain_step_ms) if self.plain_step_ms else None
 
     def record(self, costs: StepCosts | None = None, label: str = "") -> RunRecord:
         """The run so far as one typed RunRecord (what traces, the playground and the Learn tab consume)."""
