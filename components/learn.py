@@ -125,8 +125,11 @@ def _narrative(rnd: Round, step: int) -> str:
     emitted = piece_html(rnd.emitted_piece)
     if g == 0 and kind in ("draft", "check", "keep", "stop", "repair"):
         return {
-            "draft": f"The {html.escape(rnd.drafter)} drafter had nothing to propose this round (no earlier text "
-                     "matched), so there are no guesses.",
+            "draft": ("Round one asks for no guesses: it is plain decoding's first step, the prompt alone through "
+                      "the target, timed so the measured speedup can count the prompt on both sides."
+                      if rnd.asked_nothing else
+                      f"The {html.escape(rnd.drafter)} drafter had nothing to propose this round (no earlier text "
+                      "matched), so there are no guesses."),
             "check": "The target still runs its one forward pass: it gives p for the next slot.",
         }.get(kind, "Nothing to check: with no guesses, this round is one plain target step.")
     if kind == "draft":

@@ -39,6 +39,10 @@ def _card(step: int, title: str, subtitle: str, body: str) -> str:
 
 
 def _draft_card(rnd: Round) -> str:
+    if rnd.asked_nothing:
+        return _card(1, "Draft", "round one asks for no guesses: it is plain decoding's first step",
+                     '<div class="sd-row sd-muted">the prompt alone goes through the target, and that pass is timed '
+                     'as plain decoding\'s first step for the measured speedup; guessing starts next round</div>')
     if rnd.gamma == 0:
         return _card(1, "Draft", f"the {rnd.drafter} drafter had nothing to propose this round ({rnd.draft_ms:.0f} ms)",
                      '<div class="sd-row sd-muted">no guesses: this round is a plain target step</div>')

@@ -77,7 +77,7 @@ def one_hot_note(rnd: Round) -> str:
 def prediction_note(rnd: Round) -> str | None:
     """For the predicted drafter: which prediction tokens this round drew from, and whether it re-aligned there."""
     n = rnd.note
-    if n is None or n.drafter != "predicted":
+    if n is None or n.drafter != "predicted" or rnd.asked_nothing:
         return None
     if n.source_start is None:
         return ("predicted output: the output has left the prediction and its last tokens match nowhere in it yet, "
@@ -137,9 +137,11 @@ def _emitted_tooltip(rnd: Round) -> str:
     k = rnd.n_accepted
     head = f"round {rnd.index + 1} · position {k}: {quoted(rnd.emitted_piece)}"
     if rnd.gamma == 0:
+        why = ("round one asks for no guesses (plain decoding's first step, timed for the measured speedup)"
+               if rnd.asked_nothing else f"the {rnd.drafter} drafter had nothing to propose this round")
         return "\n".join([
             head,
-            f"plain target step: the {rnd.drafter} drafter had nothing to propose this round, so the token was",
+            f"plain target step: {why}, so the token was",
             "sampled from the target's own distribution p, as plain decoding would",
             f"p (target) = {fmt_prob(rnd.emitted_p)}",
         ] + ([prediction_note(rnd)] if prediction_note(rnd) else []))

@@ -384,6 +384,21 @@ def empty_round() -> Round:
                       note=DraftNote("ngram", one_hot=True))
 
 
+def test_round_one_of_a_probed_run_says_it_is_plain_decodings_first_step(tiny_pair):
+    from components.learn import _narrative
+
+    for drafter in ("model", "ngram", "predicted"):
+        s = DecodeSettings(max_new_tokens=6, gamma=2, drafter=drafter, prediction="hello world again")
+        dec = SpeculativeDecoder(tiny_pair, "hello world", s, plain_probe=True)
+        first = dec.step()
+        assert first.asked_nothing and first.gamma == 0
+        for out in (render_phases(first), html.unescape(render_round(first)), _narrative(first, 0)):
+            assert "plain decoding's first step" in out and "nothing to propose" not in out
+            assert "left the prediction" not in out
+        second = dec.step()
+        assert not second.asked_nothing
+
+
 def test_a_round_with_nothing_drafted_renders_everywhere(empty_round):
     out = render_round(empty_round)
     assert kinds(out) == ["plain"] and chip_texts(out) == ["·plain"]

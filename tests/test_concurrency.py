@@ -61,7 +61,7 @@ def solo_text(pair, req) -> str:
     prompt, chat, gamma, temperature, top_k, top_p, seed = req
     settings = DecodeSettings(gamma=gamma, max_new_tokens=MAX_NEW, seed=seed, chat=chat,
                               sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p))
-    dec = SpeculativeDecoder(pair, prompt, settings)
+    dec = SpeculativeDecoder(pair, prompt, settings, plain_probe=True)  # as the app runs it (round one a plain step)
     for _ in dec:
         pass
     return dec.text

@@ -175,9 +175,13 @@ def test_a_corrupted_or_foreign_codes_entry_is_recomputed(tiny_pair, store, monk
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_steps_timed_beside_a_run_leave_it_unchanged(tiny_pair, temperature):
     s = DecodeSettings(max_new_tokens=24, gamma=3, sampling=SamplingConfig(temperature=temperature), seed=5)
-    plain = SpeculativeDecoder(tiny_pair, "hello world", s)
+    # round one of a probed run asks for no guesses (plain decoding's first step): the same run without the
+    # probe is the one whose round one is scheduled to ask for none
+    plain = SpeculativeDecoder(tiny_pair, "hello world", s, gamma_schedule=[0])
     probed = SpeculativeDecoder(tiny_pair, "hello world", s, plain_probe=True)
     a, b = list(plain), list(probed)
+    assert b[0].gamma == 0 and b[0].asked == 0 and b[0].asked_nothing and len(b[0].committed_ids) == 1
+    assert not any(r.asked_nothing for r in b[1:])
     assert plain.generated_ids == probed.generated_ids
     assert [r.committed_ids for r in a] == [r.committed_ids for r in b]
     assert len(probed.plain_step_ms) >= min(PLAIN_PROBE_MIN, len(b) - 1 - PLAIN_PROBE_SKIP) and not plain.plain_step_ms
@@ -187,9 +191,13 @@ def test_plain_steps_timed_beside_a_run_leave_it_unchanged(tiny_pair, temperatur
     assert rec.metrics.speedup is not None  # the measured speedup needs no load-time costs now
     # the timed plain steps are not part of the run's own time
     assert probed.totals.elapsed_ms <= sum(r.round_ms for r in b) + 50
-    # the prompt pass is timed alone once, inside round one (both sides of the speedup pay the prompt)
-    assert rec.baseline_prompt_ms and rec.baseline_prompt_ms <= b[0].verify_ms
+    # round one's pass is the prompt alone, timed as plain decoding's first step (both sides pay the prompt once)
+    assert rec.baseline_prompt_ms and rec.baseline_prompt_ms == b[0].verify_ms
     assert plain.record().baseline_prompt_ms is None
+    # a probed run replays from its record (round one's "asked nothing" included) to the same text
+    from specdec.loop.decoder import rerun
+
+    assert rerun(rec, tiny_pair).generated_ids == probed.generated_ids
 
 
 def test_a_due_plain_step_is_timed_when_the_next_round_starts_not_before_the_round_is_handed_over(no_eos):

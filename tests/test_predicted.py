@@ -274,8 +274,9 @@ def test_playground_takes_a_prediction_and_the_token_view_names_its_span(monkeyp
     session = out[0]
     assert session.decoder.settings.prediction == "Hello world, hello"
     assert out[RECORDED][0].settings.prediction == "Hello world, hello"  # the trace carries it
-    first = round_chips(session.rounds[0])
-    assert "drew prediction tokens 0–" in first[0].tooltip
+    assert session.rounds[0].asked_nothing  # round one: plain decoding's first step
+    first = round_chips(session.rounds[1])
+    assert "drew prediction tokens " in first[0].tooltip
     assert any("departs from the prediction" in ch.tooltip for r in session.rounds for ch in round_chips(r)
                if ch.kind == "rej")
     out = last(guarded(pg.generate)(None, *controls(), "predicted", "fixed", ""))

@@ -89,6 +89,21 @@ def test_the_plain_baseline_and_its_step_count_round_trip(run, doc):
     assert load_trace(json.dumps(doc)).baseline_steps == 0
 
 
+def test_a_probed_runs_opening_plain_step_round_trips_and_asked_zero_needs_zero_guesses(tiny_pair):
+    s = DecodeSettings(max_new_tokens=10, gamma=3, sampling=SamplingConfig(temperature=1.0), seed=2)
+    dec = SpeculativeDecoder(tiny_pair, "hello world", s, plain_probe=True)
+    for _ in dec:
+        pass
+    doc = record_to_dict(dec.record())
+    assert doc["rounds"][0]["asked"] == 0 and doc["rounds"][0]["gamma"] == 0
+    back = load_trace(json.dumps(doc))
+    assert back.rounds[0].asked_nothing and back.gamma_schedule[0] == 0
+    guessed = next(i for i, r in enumerate(doc["rounds"]) if r["gamma"] > 0)
+    doc["rounds"][guessed]["asked"] = 0
+    with pytest.raises(TraceError, match="asked"):
+        load_trace(json.dumps(doc))
+
+
 def test_non_finite_metric_values_are_written_as_null(run, monkeypatch):
     from specdec.io import trace as trace_mod
 

@@ -205,6 +205,12 @@ class Round:
     def one_hot(self) -> bool:
         return bool(self.note and self.note.one_hot)
 
+    @property
+    def asked_nothing(self) -> bool:
+        """No guesses were asked for: the round is plain decoding's first step (the playground's round one, where
+        the prompt pass alone is timed for the measured speedup), not a drafter that found nothing to propose."""
+        return self.asked == 0
+
     def to_dict(self) -> dict:
         return asdict(self)
 

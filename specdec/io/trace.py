@@ -387,7 +387,8 @@ def _check_round(d, where: str, vocab: int | None) -> Round:
         _whole(d["top_k"], f"{where}.top_k", 0, 1000)  # 0: the run carried no candidate lists
     if d.get("note") is not None:
         _check_note(d["note"], f"{where}.note")
-    if d.get("asked") is not None and _whole(d["asked"], f"{where}.asked", 1, MAX_GAMMA) < g:
+    # asked 0: no guesses were asked for (round one of a run that times plain decoding beside it is a plain step)
+    if d.get("asked") is not None and _whole(d["asked"], f"{where}.asked", 0 if g == 0 else 1, MAX_GAMMA) < g:
         raise TraceError(f"{where}.asked is {d['asked']}, fewer than the {g} tokens drafted (gamma)")
     if d.get("tree") is not None:
         _check_tree(d["tree"], f"{where}.tree", vocab, d)

@@ -17,7 +17,7 @@ import torch
 
 from specdec.core.clock import Stopwatch
 from specdec.core.errors import InvalidInputError
-from specdec.core.events import Round, Totals
+from specdec.core.events import DraftNote, Round, Totals
 from specdec.core.static_cache import open_lm
 from specdec.core.metrics import StepCosts
 from specdec.core.record import RunRecord
@@ -25,7 +25,7 @@ from specdec.core.sampling import Probs, distribution, make_generator
 from specdec.core.settings import TOP_DISPLAY, DecodeSettings, encode_prompt
 from specdec.core.stop import StopReason, cut_at_stop
 from specdec.core.verify import verify
-from specdec.drafters import Draft, Drafter, make_drafter
+from specdec.drafters import Draft, Drafter, make_drafter, no_draft
 from specdec.loop.display import round_event
 from specdec.loop.gamma import make_policy
 from specdec.models.pair import ModelPair
@@ -34,9 +34,10 @@ from specdec.models.pair import ModelPair
 # timed so far cost less than PLAIN_PROBE_SHARE of the rounds' own time. Each is one target pass over the last
 # committed token at the run's current context (what a plain decoding step is), under whatever else the machine is
 # doing at that moment, so the measured speedup divides two costs paid under the same load. The prompt, too: in this
-# mode round one first runs the prompt through the target alone (plain decoding's first step, timed as
-# `plain_prompt_ms` and booked to round one's scoring time), then scores its guesses on top, so plain decoding of the
-# same tokens costs plain_prompt_ms + (n - 1) * the median step (core.metrics.plain_ms_for).
+# mode round one asks for no guesses, so it IS plain decoding's first step (the prompt alone through the target, one
+# token from p; its pass timed as `plain_prompt_ms`), and plain decoding of the same tokens costs plain_prompt_ms +
+# (n - 1) * the median step (core.metrics.plain_ms_for). (Timing the prompt alone and then scoring round one's guesses
+# on top cost the run a second pass that a run without the probe does not make: ~6 % of a 2.5 s run, docs/performance.md.)
 # A step due after a round is timed when the next round starts, after the round went to whoever reads it: where that
 # is a page on the same machine, the step runs while the page draws the round, as plain decoding streamed to that
 # page would run (the Race tab's plain lane steps at the same moment), rather than in the quiet before the update.
@@ -103,22 +104,28 @@ class SpeculativeDecoder:
     def step(self) -> Round:
         if self.done:
             raise InvalidInputError("generation has finished; start a new run")
-        # No separate prefill: round one feeds the prompt together with its first draft step and its verification
-        # (with plain_probe, the target's prompt pass runs alone first and is timed: see PLAIN_PROBE_MIN).
+        # No separate prefill: round one feeds the prompt together with its first draft step and its verification.
+        # With plain_probe, round one asks for no guesses: it is plain decoding's first step (the prompt alone through
+        # the target), and its pass is timed as the plain side's prompt pass (see PLAIN_PROBE_MIN).
         if self.plain_probe and self._plain_step_due():  # due after the last round (PLAIN_PROBE_MIN)
             self.time_plain_step()
         clock = Stopwatch(self.pair.device)
         self._started = self._started or clock.start
-        prompt_ms = self._time_prompt_pass(clock) if self.plain_probe and not self.rounds else 0.0
+        opening = self.plain_probe and not self.rounds
         left = self.settings.max_new_tokens - len(self.generated_ids)
-        asked = self.policy.gamma
-        gamma = max(1, min(asked, left - 1))  # guesses past the budget are wasted: at most left-1 plus repair/bonus
-        draft = self.drafter.propose(self.ids, gamma, self.settings.sampling, self.gen)
-        if draft.asked is not None:  # the drafter chose the length itself (a copy cut by expected gain)
-            asked = draft.asked
+        asked = 0 if opening else self.policy.gamma
+        if asked == 0:  # nothing asked (a probed run's round one, or a replay of one): one plain target step
+            draft = no_draft(self.pair.vocab_size, self.pair.device, DraftNote(self.settings.drafter))
+        else:
+            gamma = max(1, min(asked, left - 1))  # guesses past the budget are wasted: at most left-1 + repair/bonus
+            draft = self.drafter.propose(self.ids, gamma, self.settings.sampling, self.gen)
+            if draft.asked is not None:  # the drafter chose the length itself (a copy cut by expected gain)
+                asked = draft.asked
         draft_ms = clock.lap()
         p = self.score(draft)
-        verify_ms = clock.lap() + prompt_ms
+        verify_ms = clock.lap()
+        if opening:
+            self.plain_prompt_ms = verify_ms
         verdict = verify(draft.tokens, draft.probs, p, self.gen, mode=self.settings.verify)
         rule_ms = clock.lap()
         committed, self.stop_reason = cut_at_stop(verdict.tokens, self.pair.eos_token_ids, left)
@@ -140,15 +147,6 @@ class SpeculativeDecoder:
         rnd.totals = replace(self.totals)
         self.rounds.append(rnd)
         return rnd
-
-    def _time_prompt_pass(self, clock: Stopwatch) -> float:
-        """The target runs the prompt alone, as plain decoding's first step does; the cache keeps it (all but the
-        last token, which round one feeds again with its guesses). Returns ms."""
-        clock.lap()
-        self.target.logits_after(self.ids, (), 1)
-        self.plain_prompt_ms = clock.lap()
-        self.target.sync(self.ids)
-        return self.plain_prompt_ms + clock.lap()
 
     def _plain_step_due(self) -> bool:
         if len(self.rounds) <= PLAIN_PROBE_SKIP:
