@@ -395,6 +395,8 @@ def test_round_one_of_a_probed_run_says_it_is_plain_decodings_first_step(tiny_pa
         for out in (render_phases(first), html.unescape(render_round(first)), _narrative(first, 0)):
             assert "plain decoding's first step" in out and "nothing to propose" not in out
             assert "left the prediction" not in out
+        assert "read the prompt in one forward pass" in render_phases(first)
+        assert "after the last guess" not in render_phases(first)
         second = dec.step()
         assert not second.asked_nothing
 
