@@ -58,6 +58,10 @@ def _draft_card(rnd: Round) -> str:
 
 
 def _verify_card(rnd: Round) -> str:
+    if rnd.asked_nothing:
+        sub = f"the target read the prompt in one forward pass ({rnd.verify_ms:.0f} ms), as plain decoding does first"
+        return _card(2, "Verify", sub, '<div class="sd-row sd-muted">its last row is p for the first new token; '
+                     'this pass\'s time is plain decoding\'s first step in the measured speedup</div>')
     rows = []
     for i in range(rnd.gamma):
         p, q = rnd.p_draft[i], rnd.q_draft[i]
@@ -68,10 +72,6 @@ def _verify_card(rnd: Round) -> str:
             f'<span class="sd-bar sd-bar-q" style="width:{_pct(q)}"></span></span>'
             f'<span class="sd-num">p = {fmt_prob(p)}</span>',
         ))
-    if rnd.asked_nothing:
-        sub = f"the target read the prompt in one forward pass ({rnd.verify_ms:.0f} ms), as plain decoding does first"
-        return _card(2, "Verify", sub, '<div class="sd-row sd-muted">its last row is p for the first new token; '
-                     'this pass\'s time is plain decoding\'s first step in the measured speedup</div>')
     rows.append(f'<div class="sd-row sd-muted">+ row {rnd.gamma}: p for the token after the last guess</div>')
     sub = f"the target scored all {rnd.gamma + 1} positions in one forward pass ({rnd.verify_ms:.0f} ms)"
     return _card(2, "Verify", sub, "".join(rows))

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -204,7 +205,8 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path, runs: int =
         browser = pw.chromium.launch(
             executable_path=chromium_executable(os.environ, os.path.exists, pw.chromium.executable_path),
             args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1100}, reduced_motion="reduce" if reduced_motion else "no-preference")
+        page = browser.new_page(viewport={"width": 1440, "height": 1100},
+                                reduced_motion="reduce" if reduced_motion else "no-preference")
         page.goto(url)
         page.wait_for_selector('#sd-model-badge [data-state="ready"]', timeout=600_000)
         page.wait_for_function("() => document.querySelector('#sd-drafter input').value === 'n-gram lookup'",
@@ -246,8 +248,7 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path, runs: int =
             page.wait_for_function("() => document.querySelectorAll('#race-view .race-lane').length === 2 && "
                                    f"{lanes_done}", timeout=900_000)
             out["races"].append(race_lane_speedup_html(page.inner_html('#race-view .race-lane[data-lane="1"]')))
-        out["race_lane_speedup"] = (sorted(out["races"])[len(out["races"]) // 2]
-                                    if None not in out["races"] else None)
+        out["race_lane_speedup"] = statistics.median(out["races"]) if None not in out["races"] else None
         page.locator("#race-view").scroll_into_view_if_needed()
         page.screenshot(path=str(shots / "browser-race.png"), full_page=True)
         browser.close()

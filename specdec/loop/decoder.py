@@ -37,7 +37,8 @@ from specdec.models.pair import ModelPair
 # mode round one asks for no guesses, so it IS plain decoding's first step (the prompt alone through the target, one
 # token from p; its pass timed as `plain_prompt_ms`), and plain decoding of the same tokens costs plain_prompt_ms +
 # (n - 1) * the median step (core.metrics.plain_ms_for). (Timing the prompt alone and then scoring round one's guesses
-# on top cost the run a second pass that a run without the probe does not make: ~6 % of a 2.5 s run, docs/performance.md.)
+# on top cost the run a second pass that a run without the probe does not make: ~6 % of a 2.5 s run;
+# docs/performance.md.)
 # A step due after a round is timed when the next round starts, after the round went to whoever reads it: where that
 # is a page on the same machine, the step runs while the page draws the round, as plain decoding streamed to that
 # page would run (the Race tab's plain lane steps at the same moment), rather than in the quiet before the update.
@@ -107,7 +108,7 @@ class SpeculativeDecoder:
         # No separate prefill: round one feeds the prompt together with its first draft step and its verification.
         # With plain_probe, round one asks for no guesses: it is plain decoding's first step (the prompt alone through
         # the target), and its pass is timed as the plain side's prompt pass (see PLAIN_PROBE_MIN).
-        if self.plain_probe and self._plain_step_due():  # due after the last round (PLAIN_PROBE_MIN)
+        if self.plain_probe and self._plain_step_due():  # a step due after the last round, timed now
             self.time_plain_step()
         clock = Stopwatch(self.pair.device)
         self._started = self._started or clock.start
