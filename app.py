@@ -321,6 +321,11 @@ def main() -> None:
         theme=theme(),
         css_paths=[ASSETS / "style.css", ASSETS / "tree.css"],
         head=f"<script>{(ASSETS / 'app.js').read_text()}</script>",
+        # Gradio's run history copies every streamed update into the browser's localStorage (read, parse,
+        # re-serialize the last 100 runs, twice a second): a playground run streams ~570 KB, so that work grew with
+        # each run (42 ms of setItem in the first run, 572 ms in the fifth) on cores the decoding shares. A run's
+        # record is the trace export (Save trace), not the browser's storage.
+        run_history=False,
     )
     loader.quiet.set()
     demo.block_thread()

@@ -153,6 +153,38 @@ def test_generate_streams_rounds_then_step_adds_exactly_one(page, app_url):
     page.screenshot(path=str(ARTIFACTS / "playground-light.png"), full_page=True)
 
 
+# Counts the window "resize" listeners alive at any moment: each Plotly chart that stays reachable holds one.
+LIVE_RESIZE_LISTENERS = """(() => {
+  const live = new Set(), add = window.addEventListener, remove = window.removeEventListener;
+  window.addEventListener = function (type, fn, ...rest) { if (type === 'resize') live.add(fn); return add.call(this, type, fn, ...rest); };
+  window.removeEventListener = function (type, fn, ...rest) { if (type === 'resize') live.delete(fn); return remove.call(this, type, fn, ...rest); };
+  window.__liveResize = () => live.size;
+})();"""
+
+
+@pytest.mark.browser
+def test_runs_leave_no_charts_or_stored_outputs_behind(page, app_url):
+    """Gradio mounts a new Plotly chart for each new figure and drops the old one without Plotly.purge, whose resize
+    listener then keeps it alive; and Gradio's run history copies every streamed update into localStorage. Either
+    made each run of the page cost more than the one before. Three runs (each with a Reset) must leave the page with
+    as many live charts as one did, and nothing of the runs in the browser's storage."""
+    page.add_init_script(LIVE_RESIZE_LISTENERS)
+    open_app(page, app_url)
+    set_controls(page, "Hello world", max_new=24)
+    live = []
+    for _ in range(3):
+        page.click("#sd-reset")
+        wait_status(page, "Reset")
+        page.click("#sd-generate")
+        wait_status(page, "Done", "Stopped")
+        page.wait_for_function("() => !!document.querySelector('#sd-pq .js-plotly-plot')")
+        page.wait_for_timeout(300)  # the removal records reach the page's observer after the update
+        live.append(page.evaluate("() => window.__liveResize()"))
+    assert live[2] == live[0], f"live chart resize listeners after each run: {live}"
+    stored = page.evaluate("() => Object.keys(window.localStorage).filter(k => k.startsWith('gradio:run-history'))")
+    assert stored == []
+
+
 @pytest.mark.browser
 def test_clicking_a_token_charts_its_position(page, app_url):
     open_app(page, app_url)
