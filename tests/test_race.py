@@ -162,3 +162,23 @@ def test_race_rendering_escapes_model_text():
                 cum_ms=[1.0, 2.0], elapsed_ms=2.0, target_passes=2, stop_reason="max_new_tokens")
     page = render_race(RaceView(["<script>"], [lane], [1.0], [False], "note", True, 2))
     assert "<img" not in page and "&lt;img src=x&gt;&amp;" in page
+
+
+def test_race_tab_redraws_its_chart_at_most_once_an_interval(no_eos, monkeypatch):
+    """The page rebuilds a Plotly chart on every new figure (ui.playground.CHART_INTERVAL_S): while a race streams,
+    its lanes update with every step but its chart only once an interval; the last update always carries it."""
+    import ui.race as race_ui
+
+    monkeypatch.setattr(race_ui, "MIN_UPDATE_S", 0.0)  # an update after every step
+    args = ("abcabc", False, "model:4", 12, 0, 0)
+
+    def charts(interval: float) -> tuple[list[bool], bool]:
+        monkeypatch.setattr(race_ui, "CHART_INTERVAL_S", interval)
+        updates = list(race_ui.run_race(lambda: no_eos, *args))[1:]  # past "Setting up the lanes"
+        drawn = [not (isinstance(fig, dict) and fig.get("__type__") == "update") for _, fig, _ in updates]
+        return drawn[:-1], drawn[-1]
+
+    streaming, last = charts(1e9)
+    assert len(streaming) >= 5 and streaming[0] and not any(streaming[1:]) and last
+    streaming, last = charts(0.0)
+    assert all(streaming) and last

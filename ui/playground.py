@@ -40,10 +40,10 @@ from .loader import LoadJob, PairLoader, PairRequest
 from .session import Session
 from .trace_io import write_trace
 
-# While streaming, the two Plotly charts are redrawn at most this often. Gradio rebuilds a Plotly chart from
-# scratch on every update (hundreds of ms of browser main thread on a slow machine); with fast rounds (tiny pair,
-# GPU) redrawing both every round backs the browser up until the page stops responding. Tokens, status and stats
-# still update every round, and the last update of a run always carries the charts.
+# While streaming, the two Plotly charts (and the Race tab's chart) are redrawn at most this often. Gradio rebuilds
+# a Plotly chart from scratch on every update (hundreds of ms of browser main thread on a slow machine); with fast
+# rounds (tiny pair, GPU) redrawing both every round backs the browser up until the page stops responding. Tokens,
+# status and stats still update every round, and the last update of a run always carries the charts.
 CHART_INTERVAL_S = 1.0
 DETACHED_STEP_MESSAGE = ("Step and Run to end are off on this ZeroGPU Space: the GPU is lent for one call at a time, "
                          "so a decoder cannot stay on it between clicks. Generate streams a whole run on the GPU; to "

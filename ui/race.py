@@ -23,6 +23,8 @@ from specdec.core.errors import InvalidInputError, SpecDecError, whole_number
 from specdec.loop.race import Race, parse_lanes
 from specdec.core.sampling import SamplingConfig
 
+from .playground import CHART_INTERVAL_S
+
 DEFAULT_LANES = "model:4, ngram:32"
 LANE_PRESETS = {
     "draft model vs prompt lookup": "model:4, ngram:32",
@@ -72,13 +74,16 @@ def run_race(get_pair: Callable, prompt, chat, lanes, max_new_tokens, temperatur
         setting_up = "Setting up the lanes (the first cross lane loads its draft model)…"
         yield render_race(None, setting_up), gr.skip(), gr.skip()
         race = Race(pair, prompt, settings, specs)
-        last = 0.0
+        last, last_chart = 0.0, -math.inf
         for _ in race:
             now = time.perf_counter()
             if now - last >= MIN_UPDATE_S and not race.done:
                 last = now
                 view = race.view()
-                yield render_race(view), race_figure(view), race.summary()
+                chart = gr.skip()  # the page rebuilds a chart from scratch: redrawn as seldom as the playground's
+                if now - last_chart >= CHART_INTERVAL_S:
+                    last_chart, chart = now, race_figure(view)
+                yield render_race(view), chart, race.summary()
         view = race.view()
         yield render_race(view), race_figure(view), race.summary()
     except Exception as exc:  # noqa: BLE001 - a message, never a traceback (logged when it is not ours)
