@@ -7,7 +7,9 @@ Reports (JSON on stdout, and to --out):
   wall time of each run, and the measured speedup the stats panel shows (against plain steps timed between the
   run's rounds);
 - the Race tab on the same prompt and settings (/race, a plain lane and the example's drafter taking turns):
-  that lane's stopwatch speedup over the plain lane.
+  that lane's stopwatch speedup over the plain lane;
+- with --browser, the CPU seconds Chromium spent during each run and each race (all its processes: what drawing
+  the page took from the cores the decoding shares; it should not grow from one run to the next).
 
     python scripts/first_run.py                 # the app's default pair
     python scripts/first_run.py --pair tiny     # the random-weight test pair (seconds)
@@ -103,6 +105,27 @@ def race_lane_speedup_html(lane_html: str) -> float | None:
     """The speedup a rendered race lane shows (components.race: "speedup <b>1.68×</b>"); None while it has none."""
     m = RACE_SPEEDUP.search(lane_html)
     return float(m.group(1)) if m else None
+
+
+def cpu_seconds(stat_line: str, ticks_per_s: float) -> float:
+    """User plus system CPU seconds of one process from its /proc/<pid>/stat line (fields 14 and 15; the command
+    name in parentheses may hold spaces, so fields are counted after its closing parenthesis)."""
+    fields = stat_line.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / ticks_per_s
+
+
+def browser_cpu_s(name: str = "chrom") -> float:
+    """CPU seconds used so far by every process whose command line names the browser (all of Chromium's processes:
+    the page's renderer, the compositor, the browser itself). Read before and after a run, it is what drawing that
+    run cost on the cores the decoding shares."""
+    total, ticks = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if name in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                total += cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), ticks)
+        except OSError:  # the process ended meanwhile
+            continue
+    return total
 
 
 def wait_ready(proc: subprocess.Popen, log: Path, url: str, timeout: float) -> tuple[float, float]:
@@ -223,14 +246,14 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path, runs: int =
             # a visitor reads the page before pressing Generate again; clicked at once, the click waited for the
             # page to finish drawing the reset (0.06 s after the first reset, 0.65 s after the fourth)
             page.wait_for_timeout(2500)
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), browser_cpu_s()
             page.click("#sd-generate")
             page.wait_for_function("() => document.querySelector('#sd-status').innerText.trim().startsWith('Done')",
                                    timeout=600_000, polling=POLL_MS)
-            wall = time.perf_counter() - t
+            wall, cpu = time.perf_counter() - t, browser_cpu_s() - cpu
             stats = page.inner_html("#sd-stats")
             out["playground"].append({"wall_s": round(wall, 3), "speedup_shown": speedup_of(stats),
-                                      "plain_ms_per_token": baseline_ms_of(stats)})
+                                      "plain_ms_per_token": baseline_ms_of(stats), "browser_cpu_s": round(cpu, 2)})
         page.wait_for_timeout(1500)  # the arrival animations, before the picture
         page.screenshot(path=str(shots / "browser-playground.png"), full_page=True)
         page.get_by_role("tab", name="Race").click()
@@ -244,13 +267,15 @@ def browser_runs(url: str, example: dict, max_new: int, shots: Path, runs: int =
             page.fill(sel, str(value))
             page.press(sel, "Enter")
         lanes_done = "[...document.querySelectorAll('#race-view .race-lane')].every(x => x.dataset.state === 'done')"
-        out["races"] = []
+        out["races"], out["race_browser_cpu_s"] = [], []
         for i in range(races):
+            cpu = browser_cpu_s()
             page.click("#race-run")
             if i:  # the last race's lanes read done until this one's first update replaces them
                 page.wait_for_function(f"() => !({lanes_done})", timeout=60_000, polling=POLL_MS)
             page.wait_for_function("() => document.querySelectorAll('#race-view .race-lane').length === 2 && "
                                    f"{lanes_done}", timeout=900_000, polling=POLL_MS)
+            out["race_browser_cpu_s"].append(round(browser_cpu_s() - cpu, 2))
             out["races"].append(race_lane_speedup_html(page.inner_html('#race-view .race-lane[data-lane="1"]')))
         out["race_lane_speedup"] = statistics.median(out["races"]) if None not in out["races"] else None
         page.locator("#race-view").scroll_into_view_if_needed()

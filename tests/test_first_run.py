@@ -5,6 +5,7 @@ app really renders, and the /generate inputs it sends for the first example."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -175,3 +176,29 @@ def test_compare_times_plain_decoding_before_and_after_and_keeps_the_faster(monk
     assert calls.count(("target", 12)) == 2
     assert summary["baseline_tok_s"] == pytest.approx(100.0)  # 10 ms a step, not 40
     assert summary["same_text"]
+
+
+def test_cpu_seconds_are_read_past_a_command_name_with_spaces_and_parentheses():
+    # /proc/<pid>/stat: pid (comm) state ppid ... utime (field 14) stime (field 15) ...; comm may hold ") ("
+    line = "4242 (Web Content) (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 100 0 0"
+    assert first_run.cpu_seconds(line, 100) == pytest.approx(3.0)
+
+
+def test_browser_cpu_counts_the_cpu_of_every_process_that_names_it():
+    import subprocess
+    import sys
+    import uuid
+
+    marker = f"sd-cpu-probe-{uuid.uuid4().hex[:8]}"
+    before = first_run.browser_cpu_s(marker)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(5)"
+    proc = subprocess.Popen([sys.executable, "-c", burn, marker])
+    try:
+        deadline = time.time() + 20
+        while first_run.browser_cpu_s(marker) - before < 0.35 and time.time() < deadline:
+            time.sleep(0.1)
+        assert first_run.browser_cpu_s(marker) - before >= 0.35
+    finally:
+        proc.kill()
+        proc.wait()
+    assert before == 0.0  # no process named it before
